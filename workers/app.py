@@ -1,0 +1,61 @@
+"""The Celery app: queues `chat` (interactive) and `bulk` (durable writes).
+
+Start a pool per queue: `firsttoken worker --queues chat` (threads pool, many chats per process)
+and `firsttoken worker --queues bulk`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_init, worker_shutdown
+from kombu import Queue
+
+from shared.keys import BULK_QUEUE, CHAT_QUEUE, CHAT_TASK, PERSIST_MESSAGES_TASK, PERSIST_USAGE_TASK
+from shared.keys import Keys
+from shared.settings import get_settings
+
+settings = get_settings()
+keys = Keys(settings.redis_prefix)
+
+app = Celery("firsttoken", broker=settings.redis_url, include=["workers.chat", "workers.persist"])
+app.conf.update(
+    broker_transport_options={
+        "global_keyprefix": keys.celery_keyprefix,
+        # Bulk tasks ack late: an unacked message comes back after this if its worker died.
+        "visibility_timeout": 600,
+    },
+    broker_connection_retry_on_startup=True,
+    task_serializer="json",
+    accept_content=["json"],
+    result_backend=None,
+    task_ignore_result=True,
+    task_queues=[Queue(CHAT_QUEUE), Queue(BULK_QUEUE)],
+    task_default_queue=CHAT_QUEUE,
+    task_routes={
+        CHAT_TASK: {"queue": CHAT_QUEUE},
+        PERSIST_USAGE_TASK: {"queue": BULK_QUEUE},
+        PERSIST_MESSAGES_TASK: {"queue": BULK_QUEUE},
+    },
+    worker_prefetch_multiplier=1,
+    worker_hijack_root_logger=False,
+    worker_send_task_events=False,
+    task_send_sent_event=False,
+)
+
+
+# Celery connects signal handlers by weak reference: these must be module-level functions.
+@worker_init.connect
+def _start_loop(**_: Any) -> None:
+    from workers.runtime import runner
+
+    runner.loop()
+
+
+@worker_shutdown.connect
+def _stop_loop(**_: Any) -> None:
+    from workers.context import close_context
+    from workers.runtime import runner
+
+    runner.stop(close_context())

@@ -1,0 +1,73 @@
+"""One long-lived asyncio loop per worker process, and the resources that live on it.
+
+Celery runs tasks on a threads pool; each task submits a coroutine to this loop and waits
+for it (`run_coroutine_threadsafe(...).result()`), so one process holds many concurrent
+generations and shares one Redis pool, one engine client and one DB pool. Never
+`asyncio.run()` per task: that would rebuild every pool per chat.
+
+The loop starts once, under a lock: lazy start-up from several pool threads at once races
+(seen as 20 s stalls and lost messages).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class LoopRunner:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                try:
+                    import uvloop
+
+                    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+                except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+                    loop = asyncio.new_event_loop()
+                started = threading.Event()
+
+                def _run() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(started.set)
+                    loop.run_forever()
+
+                self._thread = threading.Thread(target=_run, name="firsttoken-loop", daemon=True)
+                self._thread.start()
+                started.wait()
+                self._loop = loop
+            return self._loop
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run a coroutine on the process loop from a pool thread and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop()).result(timeout)
+
+    def stop(self, cleanup: Awaitable[Any] | None = None, timeout: float = 5.0) -> None:
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None:
+            return
+        if cleanup is not None:
+            async def _cleanup() -> None:
+                await cleanup
+
+            try:
+                asyncio.run_coroutine_threadsafe(_cleanup(), loop).result(timeout)
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join(timeout)
+
+
+runner = LoopRunner()
