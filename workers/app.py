@@ -47,10 +47,14 @@ app.conf.update(
 
 # Celery connects signal handlers by weak reference: these must be module-level functions.
 @worker_init.connect
-def _start_loop(**_: Any) -> None:
+def _start_loop(sender: Any = None, **_: Any) -> None:
+    from workers.context import configure, get_context
     from workers.runtime import runner
 
-    runner.loop()
+    queues = tuple(sorted(app.amqp.queues.consume_from or app.amqp.queues))
+    configure(getattr(sender, "hostname", None) or "worker", queues)
+    # Start the loop, Redis pool, cancel listener and heartbeat before the first task.
+    runner.run(get_context())
 
 
 @worker_shutdown.connect

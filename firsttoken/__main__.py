@@ -1,0 +1,3 @@
+from firsttoken.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,173 @@
+"""The `firsttoken` command. It sits above `gateway/` and `workers/` and starts them."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable
+
+from shared.errors import ConfigError
+from shared.keys import BULK_QUEUE, CHAT_QUEUE, QUEUES
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from firsttoken.up import run_up
+
+    return run_up(port=args.port, host=args.host)
+
+
+def _cmd_gateway(args: argparse.Namespace) -> int:
+    from gateway.__main__ import main
+
+    argv = ["--host", args.host] if args.host else []
+    argv += ["--port", str(args.port)] if args.port is not None else []
+    return main(argv)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from shared.settings import get_settings
+
+    settings = get_settings()
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+    unknown = sorted(set(queues) - set(QUEUES))
+    if unknown:
+        print(f"error: unknown queue(s) {', '.join(unknown)}; known: {', '.join(QUEUES)}",
+              file=sys.stderr)
+        return 2
+    concurrency = args.concurrency or (
+        settings.chat_concurrency if CHAT_QUEUE in queues else settings.bulk_concurrency
+    )
+    from workers.app import app
+
+    name = args.name or f"{'-'.join(queues)}@%h"
+    app.worker_main(argv=[
+        "worker", "-Q", ",".join(queues), "-P", "threads", "-c", str(concurrency),
+        "-n", name, "-l", args.loglevel, "--without-gossip", "--without-mingle",
+        "--without-heartbeat",
+    ])
+    return 0
+
+
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    from shared.db.migrate import upgrade
+    from shared.settings import get_settings
+
+    url = get_settings().database_url
+    upgrade(url)
+    print(f"database at {url} is up to date")
+    return 0
+
+
+def _cmd_keys_create(args: argparse.Namespace) -> int:
+    from shared.db.apikeys import create_tenant_and_key
+    from shared.db.session import make_engine, make_sessionmaker
+    from shared.settings import get_settings
+
+    async def create() -> tuple[str, str, str]:
+        engine = make_engine(get_settings().database_url)
+        try:
+            async with make_sessionmaker(engine)() as session:
+                result = await create_tenant_and_key(session, args.tenant, scope=args.scope)
+                await session.commit()
+                return result
+        finally:
+            await engine.dispose()
+
+    tenant_id, key_id, key = asyncio.run(create())
+    print(f"tenant {args.tenant} ({tenant_id}), key id {key_id}")
+    print(f"API key (shown once, store it now): {key}")
+    return 0
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from firsttoken.client import run_chat
+
+    return run_chat(
+        args.question, url=args.url, api_key=args.api_key, model=args.model,
+        max_tokens=args.max_tokens, no_cache=args.no_cache,
+    )
+
+
+def _cmd_sim_server(args: argparse.Namespace) -> int:
+    from shared.simserver import main
+
+    return main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="firsttoken",
+        description="Low-latency serving stack for AI chat. `firsttoken up` runs it all locally.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(fn=fn)
+        return p
+
+    p = add("up", _cmd_up, "Run the whole stack locally: embedded Redis (unless "
+            "FIRSTTOKEN_REDIS_URL), SQLite (unless FIRSTTOKEN_DATABASE_URL), the simulated engine "
+            "(unless FIRSTTOKEN_ENGINE_URL), migrations, a gateway, a chat and a bulk worker.")
+    p.add_argument("--port", type=int, default=None, help="gateway port (default FIRSTTOKEN_PORT, 8000)")
+    p.add_argument("--host", default=None, help="gateway bind address (default FIRSTTOKEN_HOST)")
+
+    p = add("gateway", _cmd_gateway, "Run one gateway process (websocket + health + metrics).")
+    p.add_argument("--port", type=int, default=None, help="port (default FIRSTTOKEN_PORT)")
+    p.add_argument("--host", default=None, help="bind address (default FIRSTTOKEN_HOST)")
+
+    p = add("worker", _cmd_worker, "Run one Celery worker process for the given queues.")
+    p.add_argument("--queues", default=CHAT_QUEUE,
+                   help=f"comma-separated queues: {CHAT_QUEUE} (interactive), {BULK_QUEUE} (writes)")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="threads (default FIRSTTOKEN_CHAT_CONCURRENCY / FIRSTTOKEN_BULK_CONCURRENCY)")
+    p.add_argument("--name", default=None, help="worker node name (default QUEUES@hostname)")
+    p.add_argument("--loglevel", default="warning", help="Celery log level (default warning)")
+
+    add("migrate", _cmd_migrate, "Apply database migrations (FIRSTTOKEN_DATABASE_URL).")
+
+    keys = sub.add_parser("keys", help="Manage API keys.", description="Manage API keys.")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    p = keys_sub.add_parser("create", help="Create an API key for a tenant (created if new); "
+                            "the key is printed once.")
+    p.add_argument("--tenant", required=True, help="tenant name")
+    p.add_argument("--scope", default="chat", choices=["chat", "admin"], help="key scope")
+    p.set_defaults(fn=_cmd_keys_create)
+
+    p = add("chat", _cmd_chat, "Ask a running stack one question; streams the answer and "
+            "prints the timings.")
+    p.add_argument("question", help="the question")
+    p.add_argument("--url", default=None, help="gateway websocket URL (default: the one "
+                   "`firsttoken up` wrote to .firsttoken/dev.json, else ws://127.0.0.1:8000/v1/ws)")
+    p.add_argument("--api-key", default=None, help="API key (default FIRSTTOKEN_API_KEY, "
+                   "FIRSTTOKEN_DEV_API_KEY, or the one `firsttoken up` wrote)")
+    p.add_argument("--model", default=None, help="model name")
+    p.add_argument("--max-tokens", type=int, default=None, help="longest answer, in tokens")
+    p.add_argument("--no-cache", action="store_true", help="bypass the answer cache")
+
+    p = add("sim-server", _cmd_sim_server, "Run the simulated OpenAI-compatible engine "
+            "(see `firsttoken sim-server --help`).")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="options for the simulator")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["sim-server"]:
+        # The simulator parses its own options (argparse.REMAINDER would miss leading flags).
+        rest = argv[1:]
+        args = argparse.Namespace(fn=_cmd_sim_server, rest=rest[1:] if rest[:1] == ["--"] else rest)
+    else:
+        args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except ConfigError as exc:
+        print(f"firsttoken: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,106 @@
+"""The ASGI app: `ws /v1/ws`, `GET /healthz`, `GET /readyz`, `GET /metrics`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+
+from gateway.auth import key_from_request
+from gateway.session import Session
+from gateway.state import Gateway
+from shared.db.session import ping as db_ping
+from shared.errors import FirstTokenError, error_frame
+from shared.protocol import dumps
+from shared.settings import Settings, get_settings
+
+READY_CHECK_TIMEOUT_S = 2.0
+
+
+async def websocket_endpoint(ws: WebSocket) -> None:
+    gw: Gateway = ws.app.state.gateway
+    await ws.accept()
+    try:
+        principal = await gw.auth.authenticate(
+            key_from_request(dict(ws.headers), dict(ws.query_params))
+        )
+    except FirstTokenError as exc:
+        gw.metrics.errors.labels(exc.code.value).inc()
+        await ws.send_text(dumps(error_frame(None, exc)))
+        await ws.close(code=1008, reason=exc.code.value)
+        return
+    session = Session(gw, ws, principal)
+    gw.sessions.add(session)
+    gw.metrics.connections.inc()
+    try:
+        await session.run()
+    finally:
+        gw.sessions.discard(session)
+        gw.metrics.connections.dec()
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    """200 only when Redis, the database and at least one chat worker answer."""
+    gw: Gateway = request.app.state.gateway
+    checks: dict[str, str] = {}
+
+    async def check(name: str, probe: asyncio.Future[object] | object) -> None:
+        try:
+            await asyncio.wait_for(probe, READY_CHECK_TIMEOUT_S)  # type: ignore[arg-type]
+            checks[name] = "ok"
+        except Exception as exc:  # noqa: BLE001
+            checks[name] = f"failed: {type(exc).__name__}: {exc}"[:300]
+
+    await asyncio.gather(check("redis", gw.redis.ping()), check("database", db_ping(gw.db)))
+    workers = 0
+    if checks["redis"] == "ok":
+        gw._workers_checked = 0.0  # readiness wants a fresh answer
+        workers = await gw.chat_workers()
+    checks["chat_workers"] = "ok" if workers else (
+        "failed: no chat worker heartbeat (start `firsttoken worker --queues chat`)"
+    )
+    ok = all(v == "ok" for v in checks.values())
+    return JSONResponse(
+        {"status": "ready" if ok else "not ready", "checks": checks, "chat_workers": workers},
+        status_code=200 if ok else 503,
+    )
+
+
+async def metrics(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    return PlainTextResponse(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    settings = settings or get_settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        gw = Gateway(settings)
+        await gw.start()
+        app.state.gateway = gw
+        try:
+            yield
+        finally:
+            await gw.close()
+
+    return Starlette(
+        routes=[
+            WebSocketRoute("/v1/ws", websocket_endpoint),
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/metrics", metrics),
+        ],
+        lifespan=lifespan,
+    )

@@ -1,0 +1,86 @@
+"""API key -> principal, checked once per connection before anything is enqueued.
+
+Lookups go to Redis (written by `firsttoken keys create` and filled from the database on a
+miss), and are trusted in-process for `auth_cache_s` so a reconnect storm costs no round trips.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from shared.db.apikeys import hash_key, lookup_key
+from shared.errors import Unauthorized
+from shared.keys import Keys
+
+# How long Redis keeps a key record filled from the database.
+REDIS_KEY_TTL_S = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    tenant_id: str
+    key_id: str
+    scope: str
+
+
+def key_from_request(headers: dict[str, str], query: dict[str, str]) -> str | None:
+    """The API key from `Authorization: Bearer KEY`, else the `api_key` query parameter."""
+    auth = headers.get("authorization", "")
+    scheme, _, value = auth.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return query.get("api_key") or None
+
+
+class Authenticator:
+    def __init__(
+        self, redis: aioredis.Redis, keys: Keys, sessions: async_sessionmaker[AsyncSession],
+        cache_s: float,
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._sessions = sessions
+        self._cache_s = cache_s
+        self._cache: dict[str, tuple[float, Principal | None]] = {}
+
+    async def authenticate(self, key: str | None) -> Principal:
+        if not key:
+            raise Unauthorized(
+                "missing API key: send 'Authorization: Bearer KEY' or the api_key query parameter"
+            )
+        digest = hash_key(key)
+        now = time.monotonic()
+        hit = self._cache.get(digest)
+        if hit is not None and now - hit[0] < self._cache_s:
+            principal = hit[1]
+        else:
+            principal = await self._lookup(digest)
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[digest] = (now, principal)
+        if principal is None:
+            raise Unauthorized("invalid or revoked API key")
+        return principal
+
+    async def _lookup(self, digest: str) -> Principal | None:
+        raw = await self._redis.get(self._keys.api_key(digest))
+        if raw is not None:
+            record = json.loads(raw)
+        else:
+            async with self._sessions() as session:
+                info = await lookup_key(session, digest)
+            if info is None:
+                return None
+            record = {
+                "tenant_id": info.tenant_id, "key_id": info.key_id, "scope": info.scope,
+                "revoked": info.revoked,
+            }
+            await self._redis.set(self._keys.api_key(digest), json.dumps(record), ex=REDIS_KEY_TTL_S)
+        if record.get("revoked"):
+            return None
+        return Principal(record["tenant_id"], record["key_id"], record.get("scope", "chat"))

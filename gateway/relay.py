@@ -1,0 +1,97 @@
+"""One Redis pub/sub connection per gateway process, fanned out to jobs by channel.
+
+`subscribe()` returns only once Redis has confirmed the subscription, so a job enqueued after
+it cannot publish a token this gateway misses (pub/sub is at-most-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[str], None]
+
+
+class Relay:
+    def __init__(self, redis: aioredis.Redis, control_channel: str) -> None:
+        self._pubsub = redis.pubsub()
+        self._control = control_channel
+        self._handlers: dict[str, Handler] = {}
+        self._confirm: dict[str, asyncio.Future[None]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        # A first subscription opens the connection the reader then owns.
+        await self._subscribe_and_wait(self._control, lambda _msg: None, start_reader=True)
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reader
+        with contextlib.suppress(Exception):
+            await self._pubsub.aclose()
+
+    @property
+    def channels(self) -> int:
+        return len(self._handlers)
+
+    async def subscribe(self, channel: str, handler: Handler) -> None:
+        await self._subscribe_and_wait(channel, handler)
+
+    async def _subscribe_and_wait(
+        self, channel: str, handler: Handler, start_reader: bool = False
+    ) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._confirm[channel] = fut
+        self._handlers[channel] = handler
+        try:
+            await self._pubsub.subscribe(channel)
+            if start_reader:
+                self._reader = asyncio.create_task(self._read())
+            await asyncio.wait_for(fut, 5.0)
+        except BaseException:
+            self._confirm.pop(channel, None)
+            self._handlers.pop(channel, None)
+            raise
+
+    async def unsubscribe(self, channel: str) -> None:
+        self._handlers.pop(channel, None)
+        with contextlib.suppress(Exception):
+            await self._pubsub.unsubscribe(channel)
+
+    async def _read(self) -> None:
+        handlers, confirm = self._handlers, self._confirm
+        while True:
+            try:
+                msg = await self._pubsub.get_message(timeout=None)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - redis-py reconnects and resubscribes
+                log.warning("pub/sub connection lost; reconnecting", exc_info=True)
+                await asyncio.sleep(0.2)
+                continue
+            if msg is None:
+                continue
+            kind = msg["type"]
+            channel = msg["channel"]
+            if isinstance(channel, bytes):
+                channel = channel.decode()
+            if kind == "message":
+                handler = handlers.get(channel)
+                if handler is not None:
+                    data = msg["data"]
+                    try:
+                        handler(data.decode() if isinstance(data, bytes) else data)
+                    except Exception:  # noqa: BLE001 - one bad job must not stop the relay
+                        log.exception("relay handler for %s failed", channel)
+            elif kind == "subscribe":
+                fut = confirm.pop(channel, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(None)

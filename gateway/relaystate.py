@@ -1,0 +1,112 @@
+"""What the gateway does with each message of one job's channel. Pure: no sockets, no clock.
+
+Token frames arrive ready to forward; this state keeps them in `seq` order, notices gaps
+(repaired from the job's replay stream), and turns the worker's `done` into the wire frame with
+the gateway's own timing points added.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from shared.errors import EngineError, error_frame
+from shared.protocol import CHUNK_DONE, CHUNK_ERROR, CHUNK_STARTED, CHUNK_TOKEN, decode_chunk, dumps
+from shared.timing import stage_timings
+
+
+@dataclass(slots=True)
+class Step:
+    frames: list[str] = field(default_factory=list)
+    repair: bool = False  # fetch the replay stream and call apply_repair
+    finished: bool = False
+
+
+@dataclass(slots=True)
+class RelayState:
+    chat_id: str
+    received_at: float
+    enqueued_at: float = 0.0
+    next_seq: int = 0
+    started: bool = False
+    finished: bool = False
+    last_seen: float = 0.0
+    first_sent_at: float | None = None
+    holding: list[str] | None = None  # messages held while a repair is in flight
+
+    def feed(self, message: str, now: float) -> Step:
+        self.last_seen = now
+        if self.finished:
+            return Step()
+        if self.holding is not None:
+            self.holding.append(message)
+            return Step()
+        step = Step()
+        self._apply(message, now, step, repairing=False)
+        return step
+
+    def begin_repair(self) -> None:
+        if self.holding is None:
+            self.holding = []
+
+    def apply_repair(self, stream: list[str], now: float) -> Step:
+        """Feed the replay stream's messages, then everything held during the fetch."""
+        held, self.holding = self.holding or [], None
+        step = Step()
+        for message in [*stream, *held]:
+            if self.finished:
+                break
+            self._apply(message, now, step, repairing=True)
+        step.repair = False
+        return step
+
+    def _apply(self, message: str, now: float, step: Step, *, repairing: bool) -> None:
+        kind, seq, payload = decode_chunk(message)
+        if kind == CHUNK_TOKEN and seq is not None:
+            if seq < self.next_seq:
+                return  # already sent (a replayed copy)
+            if seq > self.next_seq:
+                if repairing:
+                    self._gap(step)
+                else:
+                    self.holding = [message]
+                    step.repair = True
+                return
+            self.started = True
+            self.next_seq += 1
+            if self.first_sent_at is None:
+                self.first_sent_at = now
+            step.frames.append(payload)
+        elif kind == CHUNK_STARTED:
+            self.started = True
+        elif kind == CHUNK_DONE:
+            data = json.loads(payload)
+            if int(data.get("chunks", 0)) > self.next_seq:
+                if repairing:
+                    self._gap(step)
+                else:
+                    self.holding = [message]
+                    step.repair = True
+                return
+            step.frames.append(self._done_frame(data, now))
+            self.finished = step.finished = True
+        elif kind == CHUNK_ERROR:
+            step.frames.append(payload)
+            self.finished = step.finished = True
+
+    def _gap(self, step: Step) -> None:
+        step.frames.append(dumps(error_frame(self.chat_id, EngineError(
+            f"part of the answer was lost after token {self.next_seq - 1} and could not be "
+            "recovered from the replay log; please retry"
+        ))))
+        self.finished = step.finished = True
+
+    def _done_frame(self, data: dict[str, object], now: float) -> str:
+        points = dict(data.pop("points", None) or {})  # type: ignore[call-overload]
+        data.pop("chunks", None)
+        points["received"] = self.received_at
+        if self.first_sent_at is not None:
+            points["first_chunk_sent"] = self.first_sent_at
+        points["done_sent"] = now
+        data["timings"] = stage_timings(points)
+        return dumps(data)

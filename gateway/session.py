@@ -1,0 +1,259 @@
+"""One websocket connection: reads client frames, starts and cancels jobs, writes frames.
+
+Reading and writing are separate tasks joined by a queue, so the pub/sub reader that fans
+tokens out never waits on one slow client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from shared.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    EngineError,
+    FirstTokenError,
+    InvalidRequest,
+    Overloaded,
+    error_frame,
+)
+from shared.keys import CHAT_QUEUE, CHAT_TASK
+from shared.protocol import (
+    CancelFrame,
+    ChatFrame,
+    PingFrame,
+    ResumeFrame,
+    dumps,
+    frame_id,
+    parse_client_frame,
+)
+from shared.tasks import ChatJob, new_id, task_message
+
+from gateway.auth import Principal
+from gateway.relaystate import RelayState, Step
+
+if TYPE_CHECKING:
+    from gateway.state import Gateway
+
+log = logging.getLogger(__name__)
+
+
+class Job:
+    """A chat this connection is relaying."""
+
+    __slots__ = ("channel", "deadline_at", "job_id", "session", "state")
+
+    def __init__(self, session: Session, job_id: str, state: RelayState, deadline_at: float):
+        self.session = session
+        self.job_id = job_id
+        self.channel = session.gw.keys.job_channel(job_id)
+        self.state = state
+        self.deadline_at = deadline_at
+
+    def on_message(self, message: str) -> None:
+        self.session.apply(self, self.state.feed(message, time.time()))
+
+
+class Session:
+    def __init__(self, gw: Gateway, ws: WebSocket, principal: Principal) -> None:
+        self.gw = gw
+        self.ws = ws
+        self.principal = principal
+        self.jobs: dict[str, Job] = {}
+        self._out: asyncio.Queue[str | None] = asyncio.Queue()
+
+    # --- outbound ---------------------------------------------------------------------
+    def send(self, text: str) -> None:
+        self._out.put_nowait(text)
+
+    def send_error(self, chat_id: str | None, exc: BaseException) -> None:
+        frame = error_frame(chat_id, exc)
+        self.gw.metrics.errors.labels(frame["code"]).inc()
+        self.send(dumps(frame))
+
+    async def _write(self) -> None:
+        while True:
+            text = await self._out.get()
+            if text is None:
+                return
+            await self.ws.send_text(text)
+
+    # --- inbound ----------------------------------------------------------------------
+    async def run(self) -> None:
+        writer = asyncio.create_task(self._write())
+        try:
+            while True:
+                msg = await self.ws.receive()
+                if msg["type"] == "websocket.disconnect":
+                    break
+                raw = msg.get("text")
+                if raw is None:
+                    raw = msg.get("bytes") or b""
+                await self.handle(raw)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            for job in list(self.jobs.values()):
+                await self.stop_job(job, notify_worker=True)
+            self._out.put_nowait(None)
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(writer, 1.0)
+            writer.cancel()
+
+    async def handle(self, raw: str | bytes) -> None:
+        settings = self.gw.settings
+        try:
+            frame = parse_client_frame(
+                raw, max_bytes=settings.max_frame_bytes, max_messages=settings.max_messages
+            )
+        except InvalidRequest as exc:
+            self.send_error(frame_id(raw) if len(raw) <= settings.max_frame_bytes else None, exc)
+            return
+        try:
+            if isinstance(frame, ChatFrame):
+                await self.start_chat(frame)
+            elif isinstance(frame, CancelFrame):
+                await self.cancel_chat(frame.id)
+            elif isinstance(frame, ResumeFrame):
+                await self.resume(frame)
+            elif isinstance(frame, PingFrame):
+                self.send(dumps({"type": "pong", "id": frame.id}))
+        except FirstTokenError as exc:
+            self.send_error(getattr(frame, "id", None), exc)
+        except Exception as exc:  # noqa: BLE001 - report, keep the connection
+            log.exception("frame handling failed")
+            self.send_error(getattr(frame, "id", None), exc)
+
+    # --- chats ------------------------------------------------------------------------
+    def _check_new_chat(self, chat_id: str) -> None:
+        if chat_id in self.jobs:
+            raise InvalidRequest(f"a chat with id {chat_id!r} is already running on this connection")
+        limit = self.gw.settings.max_streams_per_connection
+        if len(self.jobs) >= limit:
+            raise Overloaded(f"this connection already runs {limit} chats; wait for one to finish")
+
+    async def start_chat(self, frame: ChatFrame) -> None:
+        gw, settings = self.gw, self.gw.settings
+        received = time.time()
+        self._check_new_chat(frame.id)
+        max_tokens = frame.max_tokens or settings.max_tokens_default
+        if max_tokens > settings.max_tokens_limit:
+            raise InvalidRequest(
+                f"max_tokens {max_tokens} is over the limit of {settings.max_tokens_limit}"
+            )
+        if frame.messages[-1].role != "user":
+            raise InvalidRequest("the last message must have role 'user'")
+        if not await gw.chat_workers_alive():
+            raise Overloaded(
+                "no chat worker is running; start one with `firsttoken worker --queues chat`"
+            )
+        job_id = new_id()
+        job = Job(self, job_id, RelayState(frame.id, received), received + settings.queue_deadline_s)
+        self.jobs[frame.id] = job
+        try:
+            await gw.relay.subscribe(job.channel, job.on_message)
+            enqueued = time.time()
+            job.state.enqueued_at = enqueued
+            payload = ChatJob(
+                job_id=job_id, chat_id=frame.id, tenant_id=self.principal.tenant_id,
+                key_id=self.principal.key_id, messages=frame.messages, model=frame.model,
+                max_tokens=max_tokens, temperature=frame.temperature, cache=frame.cache,
+                received_at=received, enqueued_at=enqueued, deadline_at=job.deadline_at,
+            )
+            message = task_message(
+                CHAT_TASK, {"job": payload.model_dump()}, queue=CHAT_QUEUE, task_id=job_id,
+                origin=gw.name,
+            )
+            async with gw.redis.pipeline(transaction=False) as pipe:
+                pipe.set(gw.keys.job_owner(job_id), self.principal.key_id,
+                         ex=settings.replay_ttl_s)
+                pipe.lpush(gw.keys.queue_list(CHAT_QUEUE), message)
+                await pipe.execute()
+        except BaseException:
+            self.jobs.pop(frame.id, None)
+            await gw.relay.unsubscribe(job.channel)
+            raise
+        gw.jobs[job_id] = job
+        gw.metrics.chats.inc()
+        self.send(dumps({"type": "accepted", "id": frame.id, "job_id": job_id}))
+
+    async def cancel_chat(self, chat_id: str) -> None:
+        job = self.jobs.get(chat_id)
+        if job is None:
+            raise InvalidRequest(f"no running chat with id {chat_id!r} on this connection")
+        await self.stop_job(job, notify_worker=True)
+        self.send_error(chat_id, Cancelled("the chat was cancelled by the client"))
+
+    async def resume(self, frame: ResumeFrame) -> None:
+        """Re-attach to a job started by the same API key, replaying from after_seq."""
+        gw = self.gw
+        self._check_new_chat(frame.id)
+        owner = await gw.redis.get(gw.keys.job_owner(frame.job_id))
+        if owner is None or owner != self.principal.key_id:
+            raise InvalidRequest(f"no resumable job {frame.job_id!r} for this API key")
+        state = RelayState(frame.id, time.time(), next_seq=frame.after_seq + 1, started=True)
+        state.last_seen = time.time()
+        state.begin_repair()
+        job = Job(self, frame.job_id, state, deadline_at=float("inf"))
+        self.jobs[frame.id] = job
+        gw.jobs[frame.job_id] = job
+        await gw.relay.subscribe(job.channel, job.on_message)
+        self.send(dumps({"type": "accepted", "id": frame.id, "job_id": frame.job_id}))
+        await self._repair(job)
+
+    def apply(self, job: Job, step: Step) -> None:
+        """Carry out what the relay state decided for one message."""
+        for text in step.frames:
+            self.send(text)
+        self.gw.metrics.chunks.inc(len(step.frames))
+        if step.repair:
+            asyncio.ensure_future(self._repair(job))
+        if step.finished:
+            asyncio.ensure_future(self.stop_job(job, notify_worker=False))
+
+    async def _repair(self, job: Job) -> None:
+        try:
+            entries = await self.gw.redis.xrange(self.gw.keys.replay_stream(job.job_id))
+        except Exception:  # noqa: BLE001
+            entries = []
+        self.apply(job, job.state.apply_repair([fields["m"] for _, fields in entries], time.time()))
+
+    async def stop_job(self, job: Job, *, notify_worker: bool) -> None:
+        """Forget a job; when the client gave it up, tell the worker to stop and abort."""
+        if self.jobs.get(job.state.chat_id) is job:
+            del self.jobs[job.state.chat_id]
+        self.gw.jobs.pop(job.job_id, None)
+        job.state.finished = True
+        await self.gw.relay.unsubscribe(job.channel)
+        if notify_worker:
+            await self.gw.cancel_job(job.job_id)
+
+    def expire(self, job: Job, now: float) -> None:
+        """Called by the gateway's watchdog: end a job whose worker missed a deadline."""
+        state = job.state
+        if state.finished:
+            return
+        exc: FirstTokenError
+        if not state.started:
+            if now < job.deadline_at:
+                return
+            exc = DeadlineExceeded(
+                f"no chat worker picked the chat up within {self.gw.settings.queue_deadline_s:g}s;"
+                " the service is overloaded, retry later"
+            )
+        else:
+            idle = self.gw.settings.stream_idle_timeout_s
+            if now - state.last_seen < idle:
+                return
+            exc = EngineError(
+                f"the worker stopped sending for {idle:g}s (it may have crashed); please retry"
+            )
+        state.finished = True
+        self.send_error(state.chat_id, exc)
+        asyncio.ensure_future(self.stop_job(job, notify_worker=True))

@@ -1,0 +1,97 @@
+"""The gateway process: its Redis pool, pub/sub relay, authenticator and deadline watchdog."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from typing import TYPE_CHECKING
+
+import redis.asyncio as aioredis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.auth import Authenticator
+from gateway.metrics import GatewayMetrics
+from gateway.relay import Relay
+from shared.db.session import make_engine, make_sessionmaker
+from shared.keys import CHAT_QUEUE, Keys
+from shared.settings import Settings
+
+if TYPE_CHECKING:
+    from gateway.session import Job, Session
+
+log = logging.getLogger(__name__)
+
+# The watchdog's tick: deadlines are enforced to within this.
+WATCHDOG_INTERVAL_S = 0.1
+
+
+class Gateway:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.keys = Keys(settings.redis_prefix)
+        self.name = f"gateway@{socket.gethostname()}:{os.getpid()}"
+        self.redis = aioredis.Redis(
+            connection_pool=aioredis.BlockingConnectionPool.from_url(
+                settings.redis_url, decode_responses=True, max_connections=256, timeout=5
+            )
+        )
+        self.db: AsyncEngine = make_engine(settings.database_url)
+        self.auth = Authenticator(
+            self.redis, self.keys, make_sessionmaker(self.db), settings.auth_cache_s
+        )
+        self.relay = Relay(self.redis, f"{settings.redis_prefix}:gw:{self.name}")
+        self.metrics = GatewayMetrics()
+        self.sessions: set[Session] = set()
+        self.jobs: dict[str, Job] = {}
+        self._workers_checked = 0.0
+        self._workers_alive = 0
+        self._watchdog: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.relay.start()
+        self._watchdog = asyncio.create_task(self._watch())
+
+    async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watchdog
+        await self.relay.close()
+        await self.redis.aclose()
+        await self.db.dispose()
+
+    async def chat_workers(self) -> int:
+        """Chat workers with a fresh heartbeat (cached for one heartbeat interval)."""
+        now = time.time()
+        if now - self._workers_checked >= self.settings.worker_heartbeat_s:
+            horizon = now - 3 * self.settings.worker_heartbeat_s
+            self._workers_alive = int(await self.redis.zcount(
+                self.keys.worker_heartbeats(CHAT_QUEUE), horizon, "+inf"
+            ))
+            self._workers_checked = now
+        return self._workers_alive
+
+    async def chat_workers_alive(self) -> bool:
+        return await self.chat_workers() > 0
+
+    async def cancel_job(self, job_id: str) -> None:
+        """Set the cancel flag (for a job still queued) and tell running workers to stop it."""
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.set(self.keys.cancel_flag(job_id), "1", ex=self.settings.replay_ttl_s)
+                pipe.publish(self.keys.cancel_channel, job_id)
+                await pipe.execute()
+        except Exception:  # noqa: BLE001 - the queue deadline still drops it
+            log.warning("could not publish cancel for %s", job_id, exc_info=True)
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(WATCHDOG_INTERVAL_S)
+            now = time.time()
+            self.metrics.streams.set(len(self.jobs))
+            for job in list(self.jobs.values()):
+                job.session.expire(job, now)

@@ -1,0 +1,231 @@
+"""The chat task: deadline check -> (cache, retrieval: later issues) -> engine stream -> publish.
+
+Runs on the `chat` queue with a threads pool; each task thread hands the job to the process
+loop (workers.runtime) and waits, so one process streams many chats at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+from shared.coalesce import Coalescer
+from shared.engines.base import EngineRequest
+from shared.errors import Cancelled, DeadlineExceeded, FirstTokenError, error_frame
+from shared.keys import BULK_QUEUE, CHAT_TASK, PERSIST_MESSAGES_TASK, PERSIST_USAGE_TASK
+from shared.protocol import CHUNK_DONE, CHUNK_ERROR, CHUNK_STARTED, dumps
+from shared.tasks import ChatJob, MessagesRecord, UsageRecord, task_message
+from workers.app import app
+from workers.context import WorkerContext, get_context
+from workers.publish import JobPublisher
+from workers.runtime import runner
+
+log = logging.getLogger(__name__)
+
+
+@app.task(name=CHAT_TASK, ignore_result=True, acks_late=False)
+def chat(job: dict[str, Any]) -> None:
+    """Interactive: acked on receipt, never retried (a late answer is a wrong answer)."""
+    runner.run(run_chat(ChatJob.model_validate(job)))
+
+
+class _Stream:
+    """Engine deltas -> coalesced token chunks, flushed in seq order by one lock."""
+
+    def __init__(self, publisher: JobPublisher, coalescer: Coalescer) -> None:
+        self.publisher = publisher
+        self.coalescer = coalescer
+        self.lock = asyncio.Lock()
+        self.timer: asyncio.TimerHandle | None = None
+        self.text: list[str] = []
+        self.first_published: float | None = None
+        self.pending: set[asyncio.Task[None]] = set()
+
+    async def flush(self) -> None:
+        async with self.lock:
+            text = self.coalescer.take(time.time())
+            if text:
+                await self.publisher.token(text)
+                if self.first_published is None:
+                    self.first_published = time.time()
+
+    def _flush_later(self) -> None:
+        self.timer = None
+        task = asyncio.ensure_future(self.flush())
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    async def add(self, text: str) -> None:
+        self.text.append(text)
+        if self.coalescer.add(text, time.time()):
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            await self.flush()
+        elif self.timer is None:
+            due = self.coalescer.flush_at()
+            if due is not None:
+                loop = asyncio.get_running_loop()
+                self.timer = loop.call_later(max(0.0, due - time.time()), self._flush_later)
+
+    async def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.pending:
+            await asyncio.gather(*self.pending, return_exceptions=True)
+        await self.flush()
+
+
+async def run_chat(job: ChatJob) -> None:
+    ctx = await get_context()
+    points: dict[str, float] = {"received": job.received_at, "enqueued": job.enqueued_at}
+    points["worker_start"] = time.time()
+    publisher = JobPublisher(
+        ctx.redis, ctx.keys, job.job_id, job.chat_id,
+        replay_maxlen=ctx.settings.replay_maxlen, replay_ttl_s=ctx.settings.replay_ttl_s,
+    )
+    model = job.model or ctx.settings.engine_model
+    if points["worker_start"] > job.deadline_at:
+        waited = points["worker_start"] - job.enqueued_at
+        await _fail(ctx, publisher, job, model, points, DeadlineExceeded(
+            f"the chat waited {waited:.1f}s for a worker, past its deadline; it was dropped, "
+            "not run late. Add chat workers or lower the load."
+        ))
+        return
+    if await ctx.redis.exists(ctx.keys.cancel_flag(job.job_id)):
+        await _record(ctx, job, model, points, 0, 0, "cancelled", "cancelled", "")
+        return
+
+    task = asyncio.current_task()
+    assert task is not None
+    ctx.running[job.job_id] = task
+    stream = _Stream(publisher, Coalescer(
+        ctx.settings.flush_interval_ms / 1000.0, ctx.settings.flush_max_chars
+    ))
+    prompt_tokens = completion_tokens = 0
+    finish_reason = "stop"
+    try:
+        await publisher.control(CHUNK_STARTED, dumps({"t": points["worker_start"]}))
+        # Cache lookup and retrieval stages are added by later issues; their points stay
+        # in the timings so clients see the same shape.
+        points["cache_decided"] = points["retrieval_done"] = time.time()
+        request = EngineRequest(
+            messages=job.messages, model=model, max_tokens=job.max_tokens,
+            temperature=job.temperature,
+        )
+        async for delta in ctx.engine.stream(request, request_id=job.job_id):
+            if delta.text:
+                if "engine_first_token" not in points:
+                    points["engine_first_token"] = time.time()
+                completion_tokens += 1
+                await stream.add(delta.text)
+            if delta.finish_reason is not None:
+                finish_reason = delta.finish_reason
+            if delta.prompt_tokens is not None:
+                prompt_tokens = delta.prompt_tokens
+            if delta.completion_tokens is not None:
+                completion_tokens = delta.completion_tokens
+        await stream.close()
+    except asyncio.CancelledError:
+        await _stop_stream(stream)
+        with contextlib.suppress(Exception):
+            await ctx.engine.abort(job.job_id)
+        await _record(
+            ctx, job, model, points, prompt_tokens, completion_tokens, "cancelled",
+            "cancelled", "".join(stream.text),
+        )
+        with contextlib.suppress(Exception):
+            await publisher.control(CHUNK_ERROR, dumps(error_frame(
+                job.chat_id, Cancelled("the chat was cancelled")
+            )))
+        return
+    except Exception as exc:  # noqa: BLE001 - every failure ends the chat with a frame
+        if not isinstance(exc, FirstTokenError):
+            log.exception("chat %s failed", job.job_id)
+        await _stop_stream(stream)
+        await _fail(ctx, publisher, job, model, points, exc, completion_tokens)
+        return
+    finally:
+        ctx.running.pop(job.job_id, None)
+
+    if stream.first_published is not None:
+        points["first_chunk_published"] = stream.first_published
+    points["finished"] = time.time()
+    done = {
+        "type": "done",
+        "id": job.chat_id,
+        "cached": False,
+        "model": model,
+        "finish_reason": finish_reason,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+        "chunks": publisher.next_seq,
+        "points": points,
+    }
+    await publisher.control(CHUNK_DONE, dumps(done))
+    await _record(
+        ctx, job, model, points, prompt_tokens, completion_tokens, finish_reason, "ok",
+        "".join(stream.text),
+    )
+
+
+async def _stop_stream(stream: _Stream) -> None:
+    if stream.timer is not None:
+        stream.timer.cancel()
+    for pending in list(stream.pending):
+        pending.cancel()
+
+
+async def _fail(
+    ctx: WorkerContext, publisher: JobPublisher, job: ChatJob, model: str,
+    points: dict[str, float], exc: BaseException, completion_tokens: int = 0,
+) -> None:
+    frame = error_frame(job.chat_id, exc)
+    with contextlib.suppress(Exception):
+        await publisher.control(CHUNK_ERROR, dumps(frame))
+    status = "timeout" if isinstance(exc, DeadlineExceeded) else "error"
+    await _record(ctx, job, model, points, 0, completion_tokens, frame["code"], status, "")
+
+
+async def _record(
+    ctx: WorkerContext, job: ChatJob, model: str, points: dict[str, float],
+    prompt_tokens: int, completion_tokens: int, finish_reason: str, status: str, answer: str,
+) -> None:
+    """Hand the usage row (and the text, if stored) to the bulk queue; never fails the chat."""
+    now = time.time()
+    first = points.get("first_chunk_published")
+    usage = UsageRecord(
+        request_id=job.job_id, tenant_id=job.tenant_id, key_id=job.key_id, model=model,
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+        queue_ms=_ms(points.get("worker_start"), job.enqueued_at),
+        ttft_ms=_ms(first, job.received_at),
+        total_ms=_ms(now, job.received_at),
+        finish_reason=finish_reason, status=status, created_at=now,
+    )
+    messages = [
+        task_message(PERSIST_USAGE_TASK, {"usage": usage.model_dump()}, queue=BULK_QUEUE,
+                     origin=ctx.name),
+    ]
+    if ctx.settings.store_text and status == "ok":
+        record = MessagesRecord(
+            request_id=job.job_id, tenant_id=job.tenant_id, messages=job.messages,
+            answer=answer, model=model, created_at=now,
+        )
+        messages.append(task_message(
+            PERSIST_MESSAGES_TASK, {"messages": record.model_dump()}, queue=BULK_QUEUE,
+            origin=ctx.name,
+        ))
+    try:
+        await ctx.redis.lpush(ctx.keys.queue_list(BULK_QUEUE), *messages)
+    except Exception:  # noqa: BLE001
+        log.error("could not enqueue usage for %s: %s", job.job_id, json.dumps(usage.model_dump()))
+
+
+def _ms(end: float | None, start: float | None) -> float | None:
+    if end is None or start is None:
+        return None
+    return round((end - start) * 1000.0, 3)

@@ -1,0 +1,142 @@
+"""Per-process resources of a worker, created once on the process loop.
+
+One Redis pool, one engine client, the cancel listener (job id -> running task) and the
+heartbeat that tells gateways a worker for a queue is alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+
+from shared.engines.base import Engine
+from shared.engines.factory import make_engine
+from shared.keys import Keys
+from shared.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerContext:
+    settings: Settings
+    keys: Keys
+    redis: aioredis.Redis
+    name: str
+    _engine: Engine | None = None
+    running: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def engine(self) -> Engine:
+        # Created on first use: a bulk worker never loads a model.
+        if self._engine is None:
+            self._engine = make_engine(self.settings)
+        return self._engine
+
+    async def start(self, queues: tuple[str, ...]) -> None:
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe(self.keys.cancel_channel)
+        self._tasks.append(asyncio.create_task(self._listen_cancels(pubsub)))
+        if queues:
+            self._tasks.append(asyncio.create_task(self._heartbeat(queues)))
+
+    async def _listen_cancels(self, pubsub: aioredis.client.PubSub) -> None:
+        while True:
+            try:
+                msg = await pubsub.get_message(timeout=None)
+            except asyncio.CancelledError:
+                await pubsub.aclose()
+                raise
+            except Exception:  # noqa: BLE001 - Redis blips: keep listening
+                log.warning("cancel listener lost Redis; retrying", exc_info=True)
+                await asyncio.sleep(0.5)
+                continue
+            if msg is None or msg.get("type") != "message":
+                continue
+            job_id = msg["data"]
+            task = self.running.get(job_id)
+            if task is not None:
+                task.cancel()
+
+    async def _heartbeat(self, queues: tuple[str, ...]) -> None:
+        while True:
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    now = time.time()
+                    for queue in queues:
+                        pipe.zadd(self.keys.worker_heartbeats(queue), {self.name: now})
+                    await pipe.execute()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001
+                log.warning("heartbeat failed", exc_info=True)
+            await asyncio.sleep(self.settings.worker_heartbeat_s)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        with contextlib.suppress(Exception):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for queue in ("chat", "bulk"):
+                    pipe.zrem(self.keys.worker_heartbeats(queue), self.name)
+                await pipe.execute()
+        if self._engine is not None:
+            with contextlib.suppress(Exception):
+                await self._engine.aclose()
+        await self.redis.aclose()
+
+
+_context: WorkerContext | None = None
+_lock: asyncio.Lock | None = None
+_queues: tuple[str, ...] = ()
+_name: str = f"worker@{socket.gethostname()}"
+
+
+def configure(name: str, queues: tuple[str, ...]) -> None:
+    """Called from `worker_init` (before any task runs) with this worker's name and queues."""
+    global _name, _queues
+    _name, _queues = name, queues
+
+
+async def get_context() -> WorkerContext:
+    """The process's context, created on first use (on the process loop, under a lock)."""
+    global _context, _lock
+    if _context is not None:
+        return _context
+    if _lock is None:
+        _lock = asyncio.Lock()
+    async with _lock:
+        if _context is None:
+            settings = get_settings()
+            ctx = WorkerContext(
+                settings=settings,
+                keys=Keys(settings.redis_prefix),
+                # Blocking pool: a burst waits for a connection instead of failing.
+                redis=aioredis.Redis(
+                    connection_pool=aioredis.BlockingConnectionPool.from_url(
+                        settings.redis_url, decode_responses=True, max_connections=256,
+                        timeout=5,
+                    )
+                ),
+                name=_name,
+            )
+            await ctx.start(_queues)
+            _context = ctx
+    return _context
+
+
+async def close_context() -> None:
+    global _context
+    if _context is not None:
+        ctx, _context = _context, None
+        await ctx.close()

@@ -1,0 +1,43 @@
+"""Publishing a job's chunks: pub/sub for the live path, a capped expiring stream for replay."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from shared.keys import Keys
+from shared.protocol import CHUNK_TOKEN, encode_chunk, encode_token
+
+
+class JobPublisher:
+    """Sends one job's messages; every message goes to the channel and the replay stream in one
+    round trip, so a gap or a reconnect can be repaired from the stream."""
+
+    def __init__(
+        self, redis: aioredis.Redis, keys: Keys, job_id: str, chat_id: str, *,
+        replay_maxlen: int, replay_ttl_s: int,
+    ) -> None:
+        self._redis = redis
+        self._channel = keys.job_channel(job_id)
+        self._stream = keys.replay_stream(job_id)
+        self._chat_id = chat_id
+        self._maxlen = replay_maxlen
+        self._ttl = replay_ttl_s
+        self._expiry_set = False
+        self.next_seq = 0
+
+    async def send(self, message: str) -> None:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.publish(self._channel, message)
+            pipe.xadd(self._stream, {"m": message}, maxlen=self._maxlen, approximate=True)
+            if not self._expiry_set:
+                pipe.expire(self._stream, self._ttl)
+                self._expiry_set = True
+            await pipe.execute()
+
+    async def token(self, text: str) -> None:
+        seq = self.next_seq
+        self.next_seq += 1
+        await self.send(encode_chunk(CHUNK_TOKEN, encode_token(self._chat_id, seq, text), seq))
+
+    async def control(self, kind: str, payload: str) -> None:
+        await self.send(encode_chunk(kind, payload))
