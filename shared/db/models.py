@@ -1,0 +1,128 @@
+"""The relational schema, as SQLAlchemy 2 typed declarative models.
+
+Alembic (``migrations/``) is the only way this schema reaches a database; these models are what
+the code queries with, and a test checks the migrated schema matches them.
+
+``usage_events`` and ``messages`` carry ``tenant_id`` without a foreign key on purpose: they are
+append-only event logs written by retried background tasks, and a row must never be refused
+(and retried forever) because its tenant was renamed, deleted or not yet replicated.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Deterministic constraint names: migrations and batch mode on SQLite need them to alter tables.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+ID_LEN = 64  # uuid4 hex is 32; room for ids minted elsewhere (e.g. "chat-..." request ids)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiKey(Base):
+    """An API key, stored only as its SHA-256; `prefix` lets a person recognise it."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(
+        String(ID_LEN), ForeignKey("tenants.id", ondelete="CASCADE"), index=True
+    )
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(8))
+    scope: Mapped[str] = mapped_column(String(32), default="chat", server_default="chat")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Conversation(Base):
+    __tablename__ = "conversations"
+    __table_args__ = (Index("ix_conversations_tenant_updated", "tenant_id", "updated_at"),)
+
+    id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(ID_LEN))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    summary: Mapped[str | None] = mapped_column(Text)
+
+
+class MessageRow(Base):
+    """One message of one turn; (request_id, position) makes rewriting a turn a no-op."""
+
+    __tablename__ = "messages"
+    __table_args__ = (
+        UniqueConstraint("request_id", "position", name="uq_messages_request_position"),
+        Index("ix_messages_tenant_created", "tenant_id", "created_at"),
+        Index("ix_messages_conversation_created", "conversation_id", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(String(ID_LEN))
+    position: Mapped[int] = mapped_column(Integer)
+    conversation_id: Mapped[str | None] = mapped_column(String(ID_LEN))
+    tenant_id: Mapped[str] = mapped_column(String(ID_LEN))
+    role: Mapped[str] = mapped_column(String(16))
+    content: Mapped[str] = mapped_column(Text)
+    model: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class UsageEvent(Base):
+    """One row per request (request_id is unique): what analysts bill and chart from."""
+
+    __tablename__ = "usage_events"
+    __table_args__ = (
+        Index("ix_usage_events_tenant_created", "tenant_id", "created_at"),
+        Index("ix_usage_events_created", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(String(ID_LEN), unique=True)
+    tenant_id: Mapped[str] = mapped_column(String(ID_LEN))
+    key_id: Mapped[str] = mapped_column(String(ID_LEN))
+    model: Mapped[str] = mapped_column(String(128))
+    route: Mapped[str] = mapped_column(String(64))
+    cached: Mapped[bool] = mapped_column(Boolean)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    queue_ms: Mapped[float | None] = mapped_column(Float)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    total_ms: Mapped[float | None] = mapped_column(Float)
+    finish_reason: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

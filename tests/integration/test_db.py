@@ -1,0 +1,208 @@
+"""Migrations, idempotent writes, the usage_daily view and API keys on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import select, text
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from shared.db.apikeys import create_tenant_and_key, hash_key, lookup_key, revoke_key
+from shared.db.migrate import upgrade, upgrade_engine
+from shared.db.models import Base, MessageRow, UsageEvent
+from shared.db.session import make_engine, make_sessionmaker, ping
+from shared.db.writes import insert_messages, insert_usage
+from shared.protocol import Message
+from shared.tasks import MessagesRecord, UsageRecord
+from tests.support import postgres_available, postgres_database
+
+pytestmark = pytest.mark.integration
+
+DAY = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[str]:
+    """A freshly migrated database of each kind (migrated synchronously, outside any loop)."""
+    if request.param == "sqlite":
+        # A directory that does not exist yet: make_engine must create it.
+        path = tmp_path_factory.mktemp("db") / "nested" / "ft.db"
+        url = f"sqlite+aiosqlite:///{path}"
+        upgrade(url)
+        assert Path(path).exists()
+        yield url
+        return
+    if not postgres_available():
+        pytest.skip("PostgreSQL not reachable at FIRSTTOKEN_TEST_POSTGRES_URL "
+                    "(default postgresql://postgres@127.0.0.1:5432/postgres)")
+    with postgres_database() as url:
+        upgrade(url)
+        upgrade(url)  # a second run at head is a no-op
+        yield url
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    eng = make_engine(database_url)
+    yield eng
+    await eng.dispose()
+
+
+@pytest.fixture
+def sessions(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return make_sessionmaker(engine)
+
+
+def usage(request_id: str, **over: object) -> UsageRecord:
+    values: dict[str, object] = {
+        "request_id": request_id, "tenant_id": "t-usage", "key_id": "k1", "model": "sim",
+        "prompt_tokens": 10, "completion_tokens": 20, "ttft_ms": 30.0, "total_ms": 100.0,
+        "finish_reason": "stop", "status": "ok", "created_at": DAY + 3600,
+    }
+    values.update(over)
+    return UsageRecord.model_validate(values)
+
+
+def _schema_diff(conn: Connection) -> list[object]:
+    ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+    return list(compare_metadata(ctx, Base.metadata))
+
+
+async def test_migrated_schema_matches_models(engine: AsyncEngine) -> None:
+    """After upgrade to head, the database schema has nothing the models lack or vice versa."""
+    await ping(engine)
+    async with engine.connect() as conn:
+        assert await conn.run_sync(_schema_diff) == []
+
+
+async def test_upgrade_engine_runs_inside_a_loop(engine: AsyncEngine) -> None:
+    """upgrade_engine migrates over an existing engine from async code (here: already at head)."""
+    await upgrade_engine(engine)
+    async with engine.connect() as conn:
+        version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
+    assert version == "0001"
+
+
+async def test_insert_usage_is_idempotent(sessions: async_sessionmaker[AsyncSession]) -> None:
+    """Writing the same request_id twice inserts one row; the second write reports False."""
+    record = usage("req-idem")
+    async with sessions.begin() as s:
+        assert await insert_usage(s, record) is True
+    async with sessions.begin() as s:
+        assert await insert_usage(s, record.model_copy(update={"model": "other"})) is False
+    async with sessions() as s:
+        rows = (await s.execute(
+            select(UsageEvent).where(UsageEvent.request_id == "req-idem")
+        )).scalars().all()
+    assert len(rows) == 1
+    assert rows[0].model == "sim" and rows[0].completion_tokens == 20
+
+
+async def test_usage_daily_rolls_up(sessions: async_sessionmaker[AsyncSession]) -> None:
+    """usage_daily sums requests, cached hits, tokens and errors per UTC day, tenant and model."""
+    tenant = f"t-daily-{time.monotonic_ns()}"
+    records = [
+        usage("d1", tenant_id=tenant, ttft_ms=10.0, total_ms=100.0),
+        usage("d2", tenant_id=tenant, cached=True, ttft_ms=30.0, total_ms=300.0,
+              prompt_tokens=5, completion_tokens=0),
+        usage("d3", tenant_id=tenant, status="error", ttft_ms=None, total_ms=None,
+              finish_reason="error", created_at=DAY + 86_399),
+        usage("d4", tenant_id=tenant, status="cancelled", created_at=DAY + 86_400 + 5),
+    ]
+    records = [r.model_copy(update={"request_id": f"{tenant}-{r.request_id}"}) for r in records]
+    async with sessions.begin() as s:
+        for r in records:
+            await insert_usage(s, r)
+    async with sessions() as s:
+        rows = (await s.execute(text(
+            "SELECT day, model, requests, cached_requests, prompt_tokens, completion_tokens,"
+            " avg_ttft_ms, avg_total_ms, errors FROM usage_daily WHERE tenant_id = :t"
+            " ORDER BY day"
+        ), {"t": tenant})).all()
+    assert [str(r.day) for r in rows] == ["2026-01-01", "2026-01-02"]
+    first, second = rows
+    assert (first.model, first.requests, first.cached_requests) == ("sim", 3, 1)
+    assert (first.prompt_tokens, first.completion_tokens) == (25, 40)
+    assert float(first.avg_ttft_ms) == pytest.approx(20.0)
+    assert float(first.avg_total_ms) == pytest.approx(200.0)
+    assert first.errors == 1
+    assert (second.requests, second.errors) == (1, 0)  # cancelled is not an error
+
+
+async def test_insert_messages_is_idempotent(sessions: async_sessionmaker[AsyncSession]) -> None:
+    """A turn is stored as prompt messages plus the answer, once, however often it is written."""
+    record = MessagesRecord(
+        request_id=f"m-{time.monotonic_ns()}", tenant_id="t-msg", conversation_id="conv-1",
+        messages=[Message(role="system", content="be brief"), Message(role="user", content="hi")],
+        answer="hello", model="sim", created_at=DAY,
+    )
+    async with sessions.begin() as s:
+        assert await insert_messages(s, record) == 3
+    async with sessions.begin() as s:
+        assert await insert_messages(s, record) == 0
+    async with sessions() as s:
+        rows = (await s.execute(
+            select(MessageRow.role, MessageRow.content, MessageRow.model)
+            .where(MessageRow.request_id == record.request_id).order_by(MessageRow.position)
+        )).all()
+        conversations = (await s.execute(
+            text("SELECT count(*) FROM conversations WHERE id = 'conv-1'")
+        )).scalar()
+    assert [tuple(r) for r in rows] == [
+        ("system", "be brief", None), ("user", "hi", None), ("assistant", "hello", "sim"),
+    ]
+    assert conversations == 1
+
+
+async def test_create_tenant_and_key_is_idempotent(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """Creating the same tenant and explicit key twice returns the same ids and one key row."""
+    name = f"dev-{time.monotonic_ns()}"
+    async with sessions.begin() as s:
+        first = await create_tenant_and_key(s, name, key="ft-dev-key-123456")
+    async with sessions.begin() as s:
+        second = await create_tenant_and_key(s, name, key="ft-dev-key-123456")
+    assert first == second
+    async with sessions.begin() as s:
+        tenant_id, key_id, key = await create_tenant_and_key(s, name)  # a second, generated key
+    assert tenant_id == first[0] and key_id != first[1] and key.startswith("ft-")
+    async with sessions() as s:
+        tenants = (await s.execute(
+            text("SELECT count(*) FROM tenants WHERE name = :n"), {"n": name}
+        )).scalar()
+        prefix = (await s.execute(
+            text("SELECT prefix FROM api_keys WHERE id = :i"), {"i": first[1]}
+        )).scalar()
+    assert tenants == 1
+    assert prefix == "ft-dev-k"
+
+
+async def test_lookup_and_revoke(sessions: async_sessionmaker[AsyncSession]) -> None:
+    """A key is found by its hash with its tenant and scope; after revoke it reads as revoked."""
+    async with sessions.begin() as s:
+        tenant_id, key_id, key = await create_tenant_and_key(
+            s, f"acme-{time.monotonic_ns()}", scope="admin"
+        )
+    async with sessions() as s:
+        info = await lookup_key(s, hash_key(key))
+        assert await lookup_key(s, hash_key(key + "nope")) is None
+    assert info is not None
+    assert (info.tenant_id, info.key_id, info.scope, info.revoked) == (
+        tenant_id, key_id, "admin", False
+    )
+    async with sessions.begin() as s:
+        assert await revoke_key(s, key_id) is True
+    async with sessions.begin() as s:
+        assert await revoke_key(s, key_id) is False  # already revoked
+        assert await revoke_key(s, "no-such-key") is False
+    async with sessions() as s:
+        info = await lookup_key(s, hash_key(key))
+    assert info is not None and info.revoked

@@ -1,0 +1,90 @@
+"""Durable writes on the `bulk` queue: usage rows and (when `store_text`) the turn's messages.
+
+Each task validates its JSON payload into the shared model and runs an idempotent write
+(keyed on request_id) on the process loop. While the database is unavailable the task is
+retried with capped, jittered exponential backoff; `acks_late` keeps the message in Redis until
+the write committed, so an outage delays rows but never loses or duplicates them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from celery import Task
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from shared.db.errors import DatabaseUnavailable, is_retryable
+from shared.db.writes import insert_messages, insert_usage
+from shared.keys import PERSIST_MESSAGES_TASK, PERSIST_USAGE_TASK
+from shared.settings import get_settings
+from shared.tasks import MessagesRecord, UsageRecord
+from workers.app import app
+from workers.db import database
+from workers.runtime import runner
+
+log = logging.getLogger(__name__)
+settings = get_settings()
+
+R = TypeVar("R")
+T = TypeVar("T")
+
+# The one place retries are declared. Only DatabaseUnavailable is retried: `_write` raises it
+# for the driver errors `shared.db.errors.is_retryable` accepts; anything else (a payload that
+# does not validate, a constraint violation) fails at once instead of looping.
+DURABLE_TASK_OPTIONS: dict[str, Any] = {
+    "bind": True,
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+    "autoretry_for": (DatabaseUnavailable,),
+    "retry_backoff": True,
+    "retry_backoff_max": settings.persist_retry_backoff_max_s,
+    "retry_jitter": True,
+    "max_retries": settings.persist_max_retries,
+}
+
+
+async def _write(
+    write: Callable[[AsyncSession, R], Awaitable[T]], record: R, request_id: str
+) -> T:
+    try:
+        async with database.sessionmaker().begin() as session:
+            return await write(session, record)
+    except Exception as exc:
+        if not is_retryable(exc):
+            raise
+        # The pool's connections died with the server; keep none of them for the next try.
+        await database.reset_pool()
+        raise DatabaseUnavailable(f"database unavailable for {request_id}: {exc!r}") from exc
+
+
+def _note_retry(task: Task, request_id: str) -> None:
+    # First failure only: a long outage would otherwise log every retry of every task.
+    if task.request.retries == 0:
+        log.warning("database unavailable; %s for %s will be retried", task.name, request_id)
+
+
+@app.task(name=PERSIST_USAGE_TASK, **DURABLE_TASK_OPTIONS)  # type: ignore[untyped-decorator]
+def persist_usage(self: Task, usage: dict[str, Any]) -> bool:
+    """Write one usage row; True when it was new."""
+    record = UsageRecord.model_validate(usage)
+    try:
+        return runner.run(_write(insert_usage, record, record.request_id))
+    except DatabaseUnavailable:
+        _note_retry(self, record.request_id)
+        raise
+
+
+@app.task(name=PERSIST_MESSAGES_TASK, **DURABLE_TASK_OPTIONS)  # type: ignore[untyped-decorator]
+def persist_messages(self: Task, messages: dict[str, Any]) -> int:
+    """Write one turn's messages; returns how many rows were new."""
+    record = MessagesRecord.model_validate(messages)
+    if not settings.store_text:
+        # Enqueued before an operator turned store_text off: the text must not land.
+        return 0
+    try:
+        return runner.run(_write(insert_messages, record, record.request_id))
+    except DatabaseUnavailable:
+        _note_retry(self, record.request_id)
+        raise
