@@ -42,7 +42,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     name = args.name or f"{'-'.join(queues)}@%h"
     app.worker_main(argv=[
-        "worker", "-Q", ",".join(queues), "-P", "threads", "-c", str(concurrency),
+        "--quiet", "worker", "-Q", ",".join(queues), "-P", "threads", "-c", str(concurrency),
         "-n", name, "-l", args.loglevel, "--without-gossip", "--without-mingle",
         "--without-heartbeat",
     ])

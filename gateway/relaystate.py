@@ -33,6 +33,8 @@ class RelayState:
     last_seen: float = 0.0
     first_sent_at: float | None = None
     holding: list[str] | None = None  # messages held while a repair is in flight
+    # Set on a resume under a new chat id: frames from the worker carry the old one.
+    rename: bool = False
 
     def feed(self, message: str, now: float) -> Step:
         self.last_seen = now
@@ -76,7 +78,7 @@ class RelayState:
             self.next_seq += 1
             if self.first_sent_at is None:
                 self.first_sent_at = now
-            step.frames.append(payload)
+            step.frames.append(self._renamed(payload) if self.rename else payload)
         elif kind == CHUNK_STARTED:
             self.started = True
         elif kind == CHUNK_DONE:
@@ -91,7 +93,7 @@ class RelayState:
             step.frames.append(self._done_frame(data, now))
             self.finished = step.finished = True
         elif kind == CHUNK_ERROR:
-            step.frames.append(payload)
+            step.frames.append(self._renamed(payload) if self.rename else payload)
             self.finished = step.finished = True
 
     def _gap(self, step: Step) -> None:
@@ -101,9 +103,15 @@ class RelayState:
         ))))
         self.finished = step.finished = True
 
+    def _renamed(self, payload: str) -> str:
+        frame = json.loads(payload)
+        frame["id"] = self.chat_id
+        return dumps(frame)
+
     def _done_frame(self, data: dict[str, object], now: float) -> str:
         points = dict(data.pop("points", None) or {})  # type: ignore[call-overload]
         data.pop("chunks", None)
+        data["id"] = self.chat_id
         points["received"] = self.received_at
         if self.first_sent_at is not None:
             points["first_chunk_sent"] = self.first_sent_at

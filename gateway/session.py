@@ -197,7 +197,9 @@ class Session:
         owner = await gw.redis.get(gw.keys.job_owner(frame.job_id))
         if owner is None or owner != self.principal.key_id:
             raise InvalidRequest(f"no resumable job {frame.job_id!r} for this API key")
-        state = RelayState(frame.id, time.time(), next_seq=frame.after_seq + 1, started=True)
+        state = RelayState(
+            frame.id, time.time(), next_seq=frame.after_seq + 1, started=True, rename=True
+        )
         state.last_seen = time.time()
         state.begin_repair()
         job = Job(self, frame.job_id, state, deadline_at=float("inf"))

@@ -10,7 +10,7 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import worker_init, worker_shutdown
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from shared.keys import BULK_QUEUE, CHAT_QUEUE, CHAT_TASK, PERSIST_MESSAGES_TASK, PERSIST_USAGE_TASK
 from shared.keys import Keys
@@ -31,7 +31,11 @@ app.conf.update(
     accept_content=["json"],
     result_backend=None,
     task_ignore_result=True,
-    task_queues=[Queue(CHAT_QUEUE), Queue(BULK_QUEUE)],
+    # One direct exchange per queue, so a retry re-published by Celery lands on its own queue.
+    task_queues=[
+        Queue(CHAT_QUEUE, Exchange(CHAT_QUEUE), routing_key=CHAT_QUEUE),
+        Queue(BULK_QUEUE, Exchange(BULK_QUEUE), routing_key=BULK_QUEUE),
+    ],
     task_default_queue=CHAT_QUEUE,
     task_routes={
         CHAT_TASK: {"queue": CHAT_QUEUE},

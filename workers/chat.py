@@ -47,11 +47,12 @@ class _Stream:
 
     async def flush(self) -> None:
         async with self.lock:
-            text = self.coalescer.take(time.time())
+            now = time.time()
+            text = self.coalescer.take(now)
             if text:
-                await self.publisher.token(text)
                 if self.first_published is None:
-                    self.first_published = time.time()
+                    self.first_published = now
+                await self.publisher.token(text)
 
     def _flush_later(self) -> None:
         self.timer = None

@@ -137,6 +137,9 @@ async def get_context() -> WorkerContext:
 
 async def close_context() -> None:
     global _context
+    from workers.db import close_database
+
     if _context is not None:
         ctx, _context = _context, None
         await ctx.close()
+    await close_database()

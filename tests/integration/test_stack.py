@@ -1,0 +1,261 @@
+"""End to end through the real gateway, Celery workers, Redis and database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+import websockets
+from sqlalchemy import select
+
+from shared.db.models import UsageEvent
+from shared.db.session import make_engine, make_sessionmaker
+from shared.keys import CHAT_QUEUE, CHAT_TASK, Keys
+from shared.tasks import ChatJob, new_id, task_message
+from tests.integration.conftest import Stack
+
+pytestmark = pytest.mark.integration
+
+
+async def _usage(database_url: str, request_id: str, timeout: float = 15.0) -> list[UsageEvent]:
+    engine = make_engine(database_url)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            async with make_sessionmaker(engine)() as session:
+                rows = list((await session.execute(
+                    select(UsageEvent).where(UsageEvent.request_id == request_id)
+                )).scalars())
+            if rows or time.monotonic() > deadline:
+                return rows
+            await asyncio.sleep(0.2)
+    finally:
+        await engine.dispose()
+
+
+async def test_chat_streams_tokens_in_order_and_done_reports_usage_and_timings(connect: Any) -> None:
+    """A chat gets `accepted`, tokens with seq 0..n-1, and a complete `done` frame."""
+    client = await connect()
+    await client.chat("c1", "what is firsttoken?")
+    accepted = await client.next_for("c1")
+    assert accepted["type"] == "accepted" and accepted["job_id"]
+    tokens, done = await client.until_end("c1")
+    assert done["type"] == "done", done
+    assert [t["seq"] for t in tokens] == list(range(len(tokens))) and tokens
+    assert done["cached"] is False and done["model"] == "sim"
+    assert done["finish_reason"] in ("stop", "length")
+    assert done["usage"]["completion_tokens"] > 0 and done["usage"]["prompt_tokens"] > 0
+    for name in ("queue_ms", "ttft_ms", "total_ms", "engine_ttft_ms", "cache_ms", "relay_ms"):
+        assert name in done["timings"], name
+    assert done["timings"]["ttft_ms"] <= done["timings"]["total_ms"]
+
+
+async def test_same_question_gives_same_answer(connect: Any) -> None:
+    """The simulated engine is deterministic, through the whole stack."""
+    client = await connect()
+    texts = []
+    for chat_id in ("a", "b"):
+        await client.chat(chat_id, "repeat me", max_tokens=16)
+        tokens, done = await client.until_end(chat_id)
+        assert done["type"] == "done"
+        texts.append("".join(t["text"] for t in tokens))
+    assert texts[0] == texts[1] and texts[0]
+
+
+async def test_one_connection_runs_several_chats_at_once(connect: Any) -> None:
+    """Chats on one socket are told apart by id and each completes in order."""
+    client = await connect()
+    ids = [f"m{i}" for i in range(5)]
+    for chat_id in ids:
+        await client.chat(chat_id, f"question {chat_id}")
+    for chat_id in ids:
+        tokens, done = await client.until_end(chat_id)
+        assert done["type"] == "done", done
+        assert [t["seq"] for t in tokens] == list(range(len(tokens)))
+
+
+@pytest.mark.parametrize(
+    ("frame", "needle"),
+    [
+        ("{not json", "not valid JSON"),
+        ('["a list"]', "JSON object"),
+        ('{"type": "launch", "id": "x"}', "unknown frame type"),
+        ('{"type": "chat", "id": "x"}', "messages"),
+        ('{"type": "chat", "id": "x", "messages": "hi"}', "messages"),
+        ('{"type": "chat", "id": "x", "messages": [{"role": "user", "content": 5}]}', "content"),
+        ('{"type": "chat", "id": "x", "messages": [{"role": "user", "content": "a"}], '
+         '"max_tokens": "many"}', "max_tokens"),
+        ('{"type": "chat", "id": "x", "messages": [{"role": "user", "content": "a"}], '
+         '"max_tokens": 999999}', "max_tokens"),
+        ('{"type": "cancel"}', "id"),
+    ],
+)
+async def test_bad_frames_get_invalid_request_and_the_connection_stays_usable(
+    connect: Any, frame: str, needle: str
+) -> None:
+    """Each malformed frame gets `invalid_request` naming the problem; a chat still works after."""
+    client = await connect()
+    await client.chat("live", "a chat running alongside")
+    await client.send(frame)
+    error = None
+    deadline = time.monotonic() + 10
+    while error is None and time.monotonic() < deadline:
+        for key in list(client.frames):
+            for f in client.frames[key]:
+                if f["type"] == "error":
+                    error = f
+        if error is None:
+            raw = await asyncio.wait_for(client.ws.recv(), 10)
+            f = json.loads(raw)
+            client.frames.setdefault(f.get("id"), []).append(f)
+    assert error is not None and error["code"] == "invalid_request", error
+    assert needle in error["message"], error["message"]
+    client.frames = {k: [f for f in v if f["type"] != "error"] for k, v in client.frames.items()}
+    _, done = await client.until_end("live")
+    assert done["type"] == "done"
+
+
+async def test_oversize_frame_and_too_many_messages_are_refused(connect: Any) -> None:
+    """Frames over max_frame_bytes or with too many messages get `invalid_request`."""
+    client = await connect()
+    await client.chat("big", "x" * (70 * 1024))
+    err = await client.next_for(None)
+    assert err["code"] == "invalid_request" and "limit" in err["message"]
+    many = [{"role": "user", "content": "hi"}] * 17
+    await client.send({"type": "chat", "id": "many", "messages": many})
+    err = await client.next_for("many")
+    assert err["code"] == "invalid_request" and "too many messages" in err["message"]
+    await client.send({"type": "ping", "id": "p"})
+    assert (await client.next_for("p"))["type"] == "pong"
+
+
+async def test_missing_or_wrong_key_is_refused_before_anything_is_enqueued(stack: Stack) -> None:
+    """No key or a wrong key: `unauthorized`, connection closed, nothing enqueued."""
+    r = stack.redis()
+    queue = Keys(stack.prefix).queue_list(CHAT_QUEUE)
+    before = r.llen(queue)
+    for headers in ({}, {"Authorization": "Bearer ft-wrong-key-123456"}):
+        async with websockets.connect(stack.ws_url, additional_headers=headers) as ws:
+            frame = json.loads(await asyncio.wait_for(ws.recv(), 5))
+            assert frame["type"] == "error" and frame["code"] == "unauthorized"
+            with pytest.raises(websockets.ConnectionClosed):
+                await ws.send(json.dumps({"type": "chat", "id": "x",
+                                          "messages": [{"role": "user", "content": "hi"}]}))
+                await asyncio.wait_for(ws.recv(), 5)
+    assert r.llen(queue) == before
+
+
+async def test_api_key_in_query_parameter(stack: Stack) -> None:
+    """The key may also come as the api_key query parameter."""
+    async with websockets.connect(f"{stack.ws_url}?api_key={stack.api_key}") as ws:
+        await ws.send(json.dumps({"type": "ping", "id": "q"}))
+        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "pong"
+
+
+async def test_cancel_stops_the_job_and_writes_a_cancelled_usage_row(
+    connect: Any, stack: Stack
+) -> None:
+    """A cancel frame ends the chat with `cancelled`; the engine sees an abort; usage says so."""
+    aborted = stack.sim_metric("firsttoken_sim_requests_aborted_total")
+    client = await connect()
+    await client.chat("long", "a long answer please", max_tokens=32)
+    job_id = (await client.next_for("long"))["job_id"]
+    await client.next_for("long")  # first token: the engine is generating
+    await client.send({"type": "cancel", "id": "long"})
+    _, end = await client.until_end("long")
+    assert end["type"] == "error" and end["code"] == "cancelled"
+    wait = time.monotonic() + 5
+    while stack.sim_metric("firsttoken_sim_requests_aborted_total") <= aborted:
+        assert time.monotonic() < wait, "the engine never saw the abort"
+        await asyncio.sleep(0.05)
+    rows = await _usage(stack.services.database_url, job_id)
+    assert len(rows) == 1 and rows[0].finish_reason == "cancelled"
+
+
+async def test_client_disconnect_aborts_the_engine_request(connect: Any, stack: Stack) -> None:
+    """Closing the socket mid-stream cancels the job; the engine's abort counter moves."""
+    aborted = stack.sim_metric("firsttoken_sim_requests_aborted_total")
+    client = await connect()
+    await client.chat("bye", "stream then vanish", max_tokens=32)
+    await client.next_for("bye")
+    await client.next_for("bye")
+    await client.ws.close()
+    wait = time.monotonic() + 5
+    while stack.sim_metric("firsttoken_sim_requests_aborted_total") <= aborted:
+        assert time.monotonic() < wait, "the engine never saw the abort"
+        await asyncio.sleep(0.05)
+    wait = time.monotonic() + 5
+    while stack.sim_metric("firsttoken_sim_requests_running") != 0:
+        assert time.monotonic() < wait
+        await asyncio.sleep(0.05)
+
+
+async def test_usage_row_lands_once_per_request(connect: Any, stack: Stack) -> None:
+    """A finished chat writes exactly one usage row with its token counts."""
+    client = await connect()
+    await client.chat("u1", "count my tokens")
+    job_id = (await client.next_for("u1"))["job_id"]
+    _, done = await client.until_end("u1")
+    rows = await _usage(stack.services.database_url, job_id)
+    assert len(rows) == 1
+    assert rows[0].completion_tokens == done["usage"]["completion_tokens"]
+    assert rows[0].status == "ok"
+
+
+async def test_resume_replays_from_the_log_for_the_same_key_only(
+    connect: Any, stack: Stack, migrated: str
+) -> None:
+    """`resume` replays the tokens after after_seq and the done frame; another key is refused."""
+    client = await connect()
+    await client.chat("r", "resume me", max_tokens=16)
+    job_id = (await client.next_for("r"))["job_id"]
+    tokens, done = await client.until_end("r")
+    again = await connect()
+    await again.send({"type": "resume", "id": "r2", "job_id": job_id, "after_seq": 2})
+    assert (await again.next_for("r2"))["type"] == "accepted"
+    replayed, done2 = await again.until_end("r2")
+    assert [t["seq"] for t in replayed] == [t["seq"] for t in tokens[3:]]
+    assert done2["type"] == "done" and done2["usage"] == done["usage"]
+    await again.send({"type": "resume", "id": "r3", "job_id": new_id(), "after_seq": -1})
+    assert (await again.next_for("r3"))["code"] == "invalid_request"
+
+
+def test_health_ready_and_metrics(stack: Stack) -> None:
+    """/healthz answers, /readyz names its checks and is ready, /metrics is Prometheus text."""
+    assert stack.get("/healthz")[0] == 200
+    code, body = stack.get("/readyz")
+    ready = json.loads(body)
+    assert code == 200 and set(ready["checks"]) == {"redis", "database", "chat_workers"}
+    code, text = stack.get("/metrics")
+    assert code == 200 and "firsttoken_gateway_chats_total" in text
+
+
+def test_a_job_past_its_queue_deadline_is_dropped_not_run(stack: Stack) -> None:
+    """A chat task that waited past its deadline is answered `timeout` and never reaches the engine."""
+    started = stack.sim_metric("firsttoken_sim_requests_started_total")
+    keys = Keys(stack.prefix)
+    r = stack.redis()
+    job_id = new_id()
+    pubsub = r.pubsub()
+    pubsub.subscribe(keys.job_channel(job_id))
+    now = time.time()
+    job = ChatJob(
+        job_id=job_id, chat_id="late", tenant_id="t", key_id="k",
+        messages=[{"role": "user", "content": "too late"}],  # type: ignore[list-item]
+        max_tokens=8, received_at=now - 20, enqueued_at=now - 20, deadline_at=now - 10,
+    )
+    r.lpush(keys.queue_list(CHAT_QUEUE),
+            task_message(CHAT_TASK, {"job": job.model_dump()}, queue=CHAT_QUEUE, task_id=job_id))
+    deadline = time.monotonic() + 10
+    message = None
+    while message is None and time.monotonic() < deadline:
+        m = pubsub.get_message(timeout=0.5)
+        if m and m["type"] == "message":
+            message = m["data"]
+    pubsub.close()
+    assert message is not None and message.startswith("E\n")
+    assert json.loads(message.split("\n", 1)[1])["code"] == "timeout"
+    assert stack.sim_metric("firsttoken_sim_requests_started_total") == started
