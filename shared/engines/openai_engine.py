@@ -1,0 +1,186 @@
+"""The engine over any OpenAI-compatible server (``vllm serve``, the sim server, others).
+
+One pooled HTTP client per engine, and one engine per process: a chat worker holds many
+streams at once, and a fresh connection per request would add a TCP handshake to every
+time-to-first-token.
+
+Stopping early always closes the HTTP response, which closes its connection (a half-read
+response cannot go back to the pool); vLLM sees the disconnect and aborts the request, so
+the GPU stops spending on it. The consumer stops a stream by ``aclose()``, by cancelling the
+task that iterates it, or by ``abort(request_id)`` from any task: that closes the response
+under the reader, whose stream then ends with a last ``Delta(finish_reason="abort")``
+(nothing is raised).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import cast
+
+import httpx
+import openai
+from openai import AsyncOpenAI, AsyncStream
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
+
+from shared.engines.base import Delta, EngineRequest, EngineStats
+from shared.errors import ConfigError, EngineError
+from shared.settings import Settings
+
+# Far above any one worker's concurrency: the pool must never be what queues a request.
+MAX_CONNECTIONS = 1000
+MAX_KEEPALIVE = 200
+
+
+class OpenAIEngine:
+    """The Engine protocol over ``openai.AsyncOpenAI``; counters in ``stats``."""
+
+    name = "openai"
+
+    def __init__(self, settings: Settings) -> None:
+        if not settings.engine_url:
+            raise ConfigError("the openai engine needs FIRSTTOKEN_ENGINE_URL")
+        self.url = settings.engine_url
+        self.stats = EngineStats()
+        # No read timeout: a long answer may stream for minutes; the worker's own idle
+        # deadline decides when silence is too long. Connecting must fail fast, though.
+        self._http = httpx.AsyncClient(
+            limits=httpx.Limits(
+                max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_KEEPALIVE
+            ),
+            timeout=httpx.Timeout(None, connect=settings.engine_connect_timeout_s),
+        )
+        # Retries belong to the caller: a retried chat would double its time to first token.
+        self._client = AsyncOpenAI(
+            base_url=settings.engine_url, api_key=settings.engine_api_key,
+            max_retries=0,
+            # openai>=3 speaks httpx2 natively but still accepts an httpx client; httpx is
+            # what this project depends on, and works with every openai version we allow.
+            http_client=self._http,  # type: ignore[arg-type]
+        )
+        self._streams: dict[str, AsyncStream[ChatCompletionChunk]] = {}
+        self._aborted: set[str] = set()
+
+    async def stream(
+        self, request: EngineRequest, *, request_id: str
+    ) -> AsyncGenerator[Delta, None]:
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already streaming")
+        messages = cast(
+            "list[ChatCompletionMessageParam]",
+            [{"role": m.role, "content": m.content} for m in request.messages],
+        )
+        self.stats.started += 1
+        finished = False
+        try:
+            try:
+                response = await self._client.chat.completions.create(
+                    model=request.model,
+                    messages=messages,
+                    max_tokens=request.max_tokens,
+                    # Unset, the server applies the model's own default.
+                    temperature=openai.omit if request.temperature is None else request.temperature,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+            except openai.APIError as exc:
+                raise self._wrap(exc) from exc
+            self._streams[request_id] = response
+            self.stats.running += 1
+            try:
+                async with aclosing(self._deltas(response, request_id)) as deltas:
+                    async for delta in deltas:
+                        if delta.finish_reason not in (None, "abort"):
+                            # Counted before the yield: the whole answer has arrived.
+                            finished = True
+                        yield delta
+            finally:
+                self.stats.running -= 1
+                del self._streams[request_id]
+                # Closing a half-read response drops its connection: the server's disconnect.
+                await response.close()
+        finally:
+            self._aborted.discard(request_id)
+            if finished:
+                self.stats.finished += 1
+            else:
+                self.stats.aborted += 1
+
+    async def _deltas(
+        self, response: AsyncStream[ChatCompletionChunk], request_id: str
+    ) -> AsyncGenerator[Delta, None]:
+        finish_reason: str | None = None
+        prompt_tokens = completion_tokens = None
+        try:
+            async for chunk in response:
+                if chunk.usage is not None:
+                    prompt_tokens = chunk.usage.prompt_tokens
+                    completion_tokens = chunk.usage.completion_tokens
+                for choice in chunk.choices:
+                    if choice.delta is not None and choice.delta.content:
+                        yield Delta(choice.delta.content)
+                    if choice.finish_reason is not None:
+                        finish_reason = choice.finish_reason
+        except Exception as exc:
+            if request_id in self._aborted:
+                yield Delta(finish_reason="abort")
+                return
+            if isinstance(exc, openai.APIStatusError):
+                raise self._wrap(exc) from exc
+            if isinstance(exc, openai.APIError | httpx.HTTPError):
+                # Once streaming, a connection error means the server went away mid-answer.
+                raise EngineError(
+                    f"engine at {self.url} broke off the stream: {_cause(exc)}"
+                ) from exc
+            if isinstance(exc, ValueError | TypeError | AttributeError | KeyError):
+                raise EngineError(f"engine at {self.url} sent a malformed chunk: {exc}") from exc
+            raise
+        if request_id in self._aborted:
+            yield Delta(finish_reason="abort")
+            return
+        if finish_reason is None:
+            raise EngineError(f"engine at {self.url} ended the stream without a finish reason")
+        # The usage chunk comes after the finish reason, so the final delta waits for it.
+        yield Delta(
+            finish_reason=finish_reason,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+
+    async def abort(self, request_id: str) -> None:
+        """Close that request's HTTP response; its stream ends with finish_reason "abort"."""
+        response = self._streams.get(request_id)
+        if response is None:
+            return
+        self._aborted.add(request_id)
+        await response.close()
+
+    async def aclose(self) -> None:
+        for request_id in list(self._streams):
+            await self.abort(request_id)
+        await self._client.close()
+        await self._http.aclose()
+
+    def _wrap(self, exc: Exception) -> EngineError:
+        if isinstance(exc, openai.APITimeoutError | httpx.TimeoutException):
+            return EngineError(f"engine at {self.url} timed out: {_cause(exc)}")
+        if isinstance(exc, openai.APIConnectionError | httpx.TransportError):
+            return EngineError(f"engine at {self.url} unreachable: {_cause(exc)}")
+        if isinstance(exc, openai.APIStatusError):
+            return EngineError(
+                f"engine at {self.url} returned HTTP {exc.status_code}: {_detail(exc)}"
+            )
+        return EngineError(f"engine at {self.url} failed: {exc}")
+
+
+def _detail(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return str(body["message"])
+    return exc.message
+
+
+def _cause(exc: Exception) -> str:
+    # openai's connection errors say only "Connection error."; the httpx cause says why.
+    cause = exc.__cause__
+    return f"{exc} ({cause!r})" if cause is not None else str(exc)

@@ -1,0 +1,257 @@
+"""A simulated engine with vLLM-like timing and deterministic text.
+
+Timing model (all times in ms, each scaled by ``1 + jitter * U(-1, 1)``):
+
+- at most ``max_seqs`` sequences generate at once; the rest wait in FIFO order, as in
+  vLLM's scheduler when the batch is full;
+- once admitted, the first token comes after ``ttft_ms + prefill_ms_per_token * prompt_tokens``;
+- every next token after ``itl_ms * (1 + ITL_SLOWDOWN_PER_SEQ * running)``: decoding is
+  memory-bound, so a larger batch slows each step only mildly (about 1.5x at 256 sequences).
+
+Tokens follow an absolute schedule on the loop clock, so the overhead of each wake-up does
+not add up over a long answer. The answer text is a pure function of (model, messages): the
+same prompt always gets the same words, which lets tests compare streaming with non-streaming
+and the cache compare answers.
+
+``abort(request_id)`` wakes the stream at once; it then yields one last ``Delta`` with
+``finish_reason="abort"`` and ends (it raises nothing). A stream whose consumer stops
+iterating (``aclose()``, a cancelled task, or ``abort``) counts as aborted, never finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from shared.engines.base import Delta, EngineRequest, EngineStats
+from shared.protocol import Message
+from shared.settings import Settings
+
+ITL_SLOWDOWN_PER_SEQ = 0.002
+# Each message costs a few tokens of chat-template framing (role markers, separators).
+TOKENS_PER_MESSAGE = 4
+
+VOCABULARY: tuple[str, ...] = (
+    "lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed",
+    "do", "eiusmod", "tempor", "incididunt", "ut", "labore", "et", "dolore", "magna",
+    "aliqua", "enim", "ad", "minim", "veniam", "quis", "nostrud", "exercitation", "ullamco",
+    "laboris", "nisi", "aliquip", "ex", "ea", "commodo", "consequat", "duis", "aute", "irure",
+    "in", "reprehenderit", "voluptate", "velit", "esse", "cillum", "fugiat", "nulla",
+    "pariatur", "excepteur", "sint", "occaecat", "cupidatat", "non", "proident", "sunt",
+    "culpa", "qui", "officia", "deserunt", "mollit", "anim", "id", "est", "laborum",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    """Timing and size of simulated answers; see the module docstring for the model."""
+
+    ttft_ms: float = 50.0
+    itl_ms: float = 10.0
+    prefill_ms_per_token: float = 0.0
+    max_seqs: int = 256
+    jitter: float = 0.0
+    max_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        if min(self.ttft_ms, self.itl_ms, self.prefill_ms_per_token) < 0:
+            raise ValueError("simulated latencies must not be negative")
+        if self.max_seqs < 1 or self.max_tokens < 1:
+            raise ValueError("max_seqs and max_tokens must be at least 1")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError("jitter must be between 0 and 1")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SimOptions:
+        return cls(
+            ttft_ms=settings.sim_ttft_ms,
+            itl_ms=settings.sim_itl_ms,
+            prefill_ms_per_token=settings.sim_prefill_ms_per_token,
+            max_seqs=settings.sim_max_seqs,
+            jitter=settings.sim_jitter,
+            max_tokens=settings.sim_max_tokens,
+        )
+
+
+# --- pure core: token counts and the answer ---------------------------------------------
+
+
+def count_prompt_tokens(messages: Sequence[Message]) -> int:
+    """A deterministic stand-in for a tokenizer: words of every message plus framing."""
+    return sum(len(m.content.split()) + TOKENS_PER_MESSAGE for m in messages)
+
+
+def prompt_seed(model: str, messages: Sequence[Message]) -> int:
+    # sha256 rather than hash(): str hashes are salted per process, and the server and the
+    # in-process engine must agree on the answer.
+    payload = json.dumps(
+        [model, [[m.role, m.content] for m in messages]], ensure_ascii=False, separators=(",", ":")
+    )
+    return int.from_bytes(hashlib.sha256(payload.encode()).digest()[:8], "big")
+
+
+def plan_answer(request: EngineRequest, max_tokens: int) -> tuple[list[str], str]:
+    """The answer's tokens and finish reason; the same request always gets the same plan."""
+    rng = random.Random(prompt_seed(request.model, request.messages))
+    natural = rng.randint(max(1, max_tokens // 2), max_tokens)
+    length = min(natural, max(1, request.max_tokens))
+    words = [rng.choice(VOCABULARY) for _ in range(length)]
+    tokens = [words[0].capitalize()] + [" " + w for w in words[1:]]
+    if length < natural:
+        return tokens, "length"
+    tokens[-1] += "."
+    return tokens, "stop"
+
+
+# --- the engine -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Stream:
+    aborted: bool = False
+    # The future the stream is sleeping on, so abort() can wake it before its deadline.
+    waiter: asyncio.Future[None] | None = None
+
+
+class SimEngine:
+    """The Engine protocol, simulated in-process; counters in ``stats``."""
+
+    name = "sim"
+
+    def __init__(self, options: SimOptions | None = None, *, timing_seed: int | None = None):
+        self.options = options or SimOptions()
+        self.stats = EngineStats()
+        self.stats.extra["queued"] = 0
+        self._slots = asyncio.Semaphore(self.options.max_seqs)
+        self._streams: dict[str, _Stream] = {}
+        # Timing noise needs no determinism across processes; a seed makes tests repeatable.
+        self._noise = random.Random(timing_seed)
+
+    async def stream(
+        self, request: EngineRequest, *, request_id: str
+    ) -> AsyncGenerator[Delta, None]:
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already streaming")
+        tokens, finish_reason = plan_answer(request, self.options.max_tokens)
+        prompt_tokens = count_prompt_tokens(request.messages)
+        state = _Stream()
+        self._streams[request_id] = state
+        self.stats.started += 1
+        finished = False
+        try:
+            if not await self._acquire_slot(state):
+                yield Delta(finish_reason="abort", prompt_tokens=prompt_tokens, completion_tokens=0)
+                return
+            self.stats.running += 1
+            try:
+                loop = asyncio.get_running_loop()
+                opts = self.options
+                deadline = loop.time() + self._noisy(
+                    opts.ttft_ms + opts.prefill_ms_per_token * prompt_tokens
+                ) / 1000
+                last = len(tokens) - 1
+                for i, token in enumerate(tokens):
+                    if not await self._sleep_until(state, deadline):
+                        yield Delta(
+                            finish_reason="abort", prompt_tokens=prompt_tokens, completion_tokens=i
+                        )
+                        return
+                    if i == last:
+                        # Counted before the yield: a consumer that stops after the final
+                        # delta has received the whole answer.
+                        finished = True
+                        yield Delta(token, finish_reason, prompt_tokens, len(tokens))
+                    else:
+                        yield Delta(token)
+                    itl = opts.itl_ms * (1 + ITL_SLOWDOWN_PER_SEQ * self.stats.running)
+                    deadline += self._noisy(itl) / 1000
+            finally:
+                self.stats.running -= 1
+                self._slots.release()
+        finally:
+            del self._streams[request_id]
+            if finished:
+                self.stats.finished += 1
+            else:
+                self.stats.aborted += 1
+
+    async def abort(self, request_id: str) -> None:
+        """Stop that stream promptly; unknown or finished ids are ignored."""
+        state = self._streams.get(request_id)
+        if state is None:
+            return
+        state.aborted = True
+        if state.waiter is not None and not state.waiter.done():
+            state.waiter.set_result(None)
+
+    async def aclose(self) -> None:
+        for request_id in list(self._streams):
+            await self.abort(request_id)
+
+    def _noisy(self, ms: float) -> float:
+        if not self.options.jitter:
+            return ms
+        return ms * (1 + self.options.jitter * self._noise.uniform(-1, 1))
+
+    async def _sleep_until(self, state: _Stream, deadline: float) -> bool:
+        """Sleep until ``deadline`` on the loop clock; False if aborted first.
+
+        Works like asyncio.sleep (a future resolved by call_at) but keeps the future where
+        abort() can resolve it early.
+        """
+        if state.aborted:
+            return False
+        loop = asyncio.get_running_loop()
+        if deadline <= loop.time():
+            # Behind schedule: catch up without sleeping, but let other streams run.
+            await asyncio.sleep(0)
+            return not state.aborted
+        waiter: asyncio.Future[None] = loop.create_future()
+        handle = loop.call_at(deadline, _resolve, waiter)
+        state.waiter = waiter
+        try:
+            await waiter
+        finally:
+            handle.cancel()
+            state.waiter = None
+        return not state.aborted
+
+    async def _acquire_slot(self, state: _Stream) -> bool:
+        """Wait in FIFO order for one of ``max_seqs`` slots; False if aborted while queued."""
+        if not self._slots.locked():
+            await self._slots.acquire()
+            return True
+        loop = asyncio.get_running_loop()
+        acquire = asyncio.ensure_future(self._slots.acquire())
+        waiter: asyncio.Future[None] = loop.create_future()
+        state.waiter = waiter
+        self.stats.extra["queued"] += 1
+        try:
+            await asyncio.wait((acquire, waiter), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            self._give_up(acquire)
+            raise
+        finally:
+            self.stats.extra["queued"] -= 1
+            state.waiter = None
+        if state.aborted:
+            self._give_up(acquire)
+            return False
+        return True
+
+    def _give_up(self, acquire: asyncio.Future[Literal[True]]) -> None:
+        if not acquire.done():
+            # Semaphore.acquire hands the slot on if it was granted while being cancelled.
+            acquire.cancel()
+        elif not acquire.cancelled() and acquire.exception() is None:
+            self._slots.release()
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -1,0 +1,286 @@
+"""An OpenAI-compatible HTTP server around SimEngine (`firsttoken sim-server`).
+
+It speaks the subset of the API that vLLM's server does for chat, byte for byte where it
+matters (SSE framing, the role chunk first, ``data: [DONE]``), so the ``openai`` engine path
+is exercised exactly as against vLLM. One difference on purpose: the streamed usage chunk is
+always sent, even without ``stream_options.include_usage``, so every stream reports tokens.
+
+A client that disconnects mid-stream aborts its request: uvicorn reports the disconnect,
+Starlette cancels the body iterator, and :class:`_SSEResponse` closes it so the engine
+counts the abort at once rather than when the generator is garbage-collected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import uuid
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import aclosing
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from shared.engines.base import Delta, EngineRequest
+from shared.engines.sim import SimEngine, SimOptions
+from shared.errors import ConfigError
+from shared.protocol import Message
+
+# OpenAI's "developer" role is the newer name of "system".
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class _BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+def error_response(message: str, status: int) -> JSONResponse:
+    """An OpenAI-style error body, as vLLM's create_error_response writes it."""
+    kind = "invalid_request_error" if status < 500 else "internal_error"
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": None, "code": status}},
+        status_code=status,
+    )
+
+
+def _parse_content(content: Any, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    # Content parts: only text parts mean something to a text model.
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    raise _BadRequest(f"messages[{index}].content must be a string or a list of text parts")
+
+
+def parse_chat_request(body: Any, served_model: str, default_max_tokens: int) -> EngineRequest:
+    """Validate a chat completion body into an EngineRequest, or raise _BadRequest."""
+    if not isinstance(body, dict):
+        raise _BadRequest("request body must be a JSON object")
+    model = body.get("model", served_model)
+    if model != served_model:
+        raise _BadRequest(f"The model `{model}` does not exist.", status=404)
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise _BadRequest("'messages' is required and must be a non-empty list")
+    messages = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or item.get("role") not in _ROLES:
+            raise _BadRequest(f"messages[{i}] needs a role of {', '.join(_ROLES)}")
+        try:
+            messages.append(
+                Message(role=_ROLES[item["role"]], content=_parse_content(item.get("content"), i))  # type: ignore[arg-type]
+            )
+        except ValidationError as exc:
+            raise _BadRequest(f"messages[{i}] is invalid: {exc.errors()[0]['msg']}") from exc
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise _BadRequest("max_tokens must be a positive integer")
+    temperature = body.get("temperature")
+    if temperature is not None and (
+        not isinstance(temperature, int | float) or not 0 <= temperature <= 2
+    ):
+        raise _BadRequest("temperature must be a number between 0 and 2")
+    if body.get("n", 1) != 1:
+        raise _BadRequest("only n=1 is supported")
+    return EngineRequest(
+        messages=messages, model=model, max_tokens=max_tokens,
+        temperature=None if temperature is None else float(temperature),
+    )
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _usage(delta: Delta) -> dict[str, int]:
+    prompt, completion = delta.prompt_tokens or 0, delta.completion_tokens or 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+async def _sse_events(
+    engine: SimEngine, request: EngineRequest, completion_id: str
+) -> AsyncGenerator[bytes, None]:
+    head = {"id": completion_id, "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": request.model}
+
+    def chunk(delta: dict[str, str], finish_reason: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return _sse({**head, "choices": [choice]})
+
+    yield chunk({"role": "assistant", "content": ""})
+    async with aclosing(engine.stream(request, request_id=completion_id)) as deltas:
+        async for delta in deltas:
+            if delta.finish_reason is None:
+                yield chunk({"content": delta.text})
+                continue
+            yield chunk({"content": delta.text}, delta.finish_reason)
+            yield _sse({**head, "choices": [], "usage": _usage(delta)})
+    yield b"data: [DONE]\n\n"
+
+
+class _SSEResponse(StreamingResponse):
+    """Closes its body iterator on the way out, whatever happened, so that a disconnect
+    aborts the engine request immediately (the iterator may be suspended at a yield)."""
+
+    body_iterator: AsyncGenerator[bytes, None]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
+class _StatsCollector(Collector):
+    """Reads the engine's counters at scrape time: no second bookkeeping to drift."""
+
+    def __init__(self, engine: SimEngine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._engine.stats
+        for name, value, doc in (
+            ("started", stats.started, "Requests the simulator started."),
+            ("finished", stats.finished, "Requests that generated their whole answer."),
+            ("aborted", stats.aborted, "Requests stopped early (abort or client disconnect)."),
+        ):
+            yield CounterMetricFamily(f"firsttoken_sim_requests_{name}", doc, value=value)
+        yield GaugeMetricFamily(
+            "firsttoken_sim_requests_running", "Requests generating now.", value=stats.running
+        )
+        yield GaugeMetricFamily(
+            "firsttoken_sim_requests_queued", "Requests waiting for a free sequence slot.",
+            value=stats.extra.get("queued", 0),
+        )
+
+
+def create_app(options: SimOptions, model_name: str = "sim") -> Starlette:
+    """The server's ASGI app; each app has its own engine and metrics registry."""
+    engine = SimEngine(options)
+    registry = CollectorRegistry()
+    registry.register(_StatsCollector(engine))
+
+    async def chat_completions(request: Request) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError) as exc:
+            return error_response(f"request body is not valid JSON: {exc}", 400)
+        try:
+            engine_request = parse_chat_request(body, model_name, options.max_tokens)
+        except _BadRequest as exc:
+            return error_response(exc.message, exc.status)
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        if body.get("stream"):
+            return _SSEResponse(
+                _sse_events(engine, engine_request, completion_id),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        return JSONResponse(await _complete(engine, engine_request, completion_id))
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": model_name, "object": "model", "created": 0, "owned_by": "firsttoken"}
+        ]})
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
+
+    app = Starlette(routes=[
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ])
+    app.state.engine = engine
+    return app
+
+
+async def _complete(
+    engine: SimEngine, request: EngineRequest, completion_id: str
+) -> dict[str, Any]:
+    parts: list[str] = []
+    final = Delta()
+    async with aclosing(engine.stream(request, request_id=completion_id)) as deltas:
+        async for delta in deltas:
+            parts.append(delta.text)
+            final = delta
+    return {
+        "id": completion_id, "object": "chat.completion", "created": int(time.time()),
+        "model": request.model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(parts)},
+                     "logprobs": None, "finish_reason": final.finish_reason}],
+        "usage": _usage(final),
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from shared.settings import get_settings
+
+    s = get_settings()
+    p = argparse.ArgumentParser(
+        prog="firsttoken sim-server",
+        description="OpenAI-compatible chat server backed by the simulated engine.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8100, help="port (default: %(default)s)")
+    p.add_argument("--model", default="sim", help="served model name (default: %(default)s)")
+    p.add_argument("--ttft-ms", type=float, default=s.sim_ttft_ms,
+                   help="time to first token, ms (default: %(default)s)")
+    p.add_argument("--itl-ms", type=float, default=s.sim_itl_ms,
+                   help="inter-token latency, ms (default: %(default)s)")
+    p.add_argument("--prefill-ms-per-token", type=float, default=s.sim_prefill_ms_per_token,
+                   help="extra time to first token per prompt token, ms (default: %(default)s)")
+    p.add_argument("--max-seqs", type=int, default=s.sim_max_seqs,
+                   help="sequences generated at once; more wait (default: %(default)s)")
+    p.add_argument("--jitter", type=float, default=s.sim_jitter,
+                   help="relative random noise of every delay, 0..1 (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=s.sim_max_tokens,
+                   help="longest answer, in tokens (default: %(default)s)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    try:
+        args = build_parser().parse_args(argv)
+        options = SimOptions(
+            ttft_ms=args.ttft_ms, itl_ms=args.itl_ms,
+            prefill_ms_per_token=args.prefill_ms_per_token, max_seqs=args.max_seqs,
+            jitter=args.jitter, max_tokens=args.max_tokens,
+        )
+    except (ConfigError, ValueError) as exc:
+        print(f"firsttoken sim-server: {exc}", file=sys.stderr)
+        return 2
+    print(f"firsttoken sim-server: model {args.model!r} on http://{args.host}:{args.port}/v1",
+          file=sys.stderr, flush=True)
+    uvicorn.run(
+        create_app(options, args.model), host=args.host, port=args.port, loop="uvloop",
+        http="httptools", log_level="warning", access_log=False,
+        # Open streams must not hold a shutdown forever.
+        timeout_graceful_shutdown=5,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,150 @@
+"""OpenAIEngine against a real sim server subprocess: deltas, usage, aborts, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
+from pathlib import Path
+
+import httpx
+import pytest
+
+from shared.engines.base import Delta, EngineRequest
+from shared.engines.factory import make_engine
+from shared.engines.openai_engine import OpenAIEngine
+from shared.engines.sim import SimOptions, count_prompt_tokens, plan_answer
+from shared.errors import EngineError
+from shared.protocol import Message
+from shared.settings import load_settings
+from tests.support import Proc, child_env, free_port, port_open, python_cmd, wait_until
+
+pytestmark = pytest.mark.integration
+
+ABORTED = "firsttoken_sim_requests_aborted_total"
+RUNNING = "firsttoken_sim_requests_running"
+REQUEST = EngineRequest(
+    messages=[Message(role="user", content="How do I keep time to first token low?")],
+    model="sim",
+    max_tokens=64,
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of a sim server with 20 ms to first token and 5 ms between tokens."""
+    port = free_port()
+    log: Path = tmp_path_factory.mktemp("simserver") / "server.log"
+    proc = Proc(
+        python_cmd(
+            "-m", "shared.simserver", "--port", str(port), "--ttft-ms", "20", "--itl-ms", "5"
+        ),
+        child_env(),
+        log,
+    )
+    try:
+        wait_until(lambda: port_open(port) or not proc.alive(), timeout=20, what="sim server")
+        assert proc.alive(), proc.output()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+async def engine(server: str) -> AsyncIterator[OpenAIEngine]:
+    engine = make_engine(load_settings(engine="openai", engine_url=f"{server}/v1"))
+    assert isinstance(engine, OpenAIEngine)
+    yield engine
+    await engine.aclose()
+
+
+async def metrics(base: str) -> dict[str, float]:
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"{base}/metrics")).text
+    return {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r"^(firsttoken_sim_\w+) ([0-9.e+-]+)$", text, re.MULTILINE)
+    }
+
+
+async def wait_metrics(base: str, predicate: object, within: float = 1.0) -> dict[str, float]:
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        current = await metrics(base)
+        if predicate(current) or asyncio.get_running_loop().time() > deadline:  # type: ignore[operator]
+            return current
+        await asyncio.sleep(0.02)
+
+
+async def test_streams_deltas_with_usage(engine: OpenAIEngine) -> None:
+    """The deltas spell the simulator's answer; the last carries finish_reason and usage."""
+    deltas = [d async for d in engine.stream(REQUEST, request_id="a")]
+    tokens, reason = plan_answer(REQUEST, SimOptions().max_tokens)
+    assert "".join(d.text for d in deltas) == "".join(tokens)
+    last = deltas[-1]
+    assert last.finish_reason == reason
+    assert last.completion_tokens == len(tokens)
+    assert last.prompt_tokens == count_prompt_tokens(REQUEST.messages)
+    assert (engine.stats.started, engine.stats.finished, engine.stats.aborted) == (1, 1, 0)
+
+
+async def test_cancelled_task_aborts_on_server(engine: OpenAIEngine, server: str) -> None:
+    """Cancelling the consuming task mid-stream shows up as an abort on the server within 1 s."""
+    before = await metrics(server)
+    got_one = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in engine.stream(REQUEST, request_id="b"):
+            got_one.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(got_one.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    after = await wait_metrics(server, lambda m: m[ABORTED] > before[ABORTED])
+    assert after[ABORTED] == before[ABORTED] + 1 and after[RUNNING] == 0
+    assert (engine.stats.finished, engine.stats.aborted, engine.stats.running) == (0, 1, 0)
+
+
+async def test_abort_by_id_ends_stream(engine: OpenAIEngine, server: str) -> None:
+    """abort(request_id) from another task ends the stream with "abort" and aborts on the server."""
+    before = await metrics(server)
+    deltas: list[Delta] = []
+    async with aclosing(engine.stream(REQUEST, request_id="c")) as stream:
+        async for delta in stream:
+            deltas.append(delta)
+            if len(deltas) == 2:
+                asyncio.get_running_loop().create_task(engine.abort("c"))
+    assert deltas[-1].finish_reason == "abort"
+    assert len(deltas) < 20
+    after = await wait_metrics(server, lambda m: m[ABORTED] > before[ABORTED])
+    assert after[ABORTED] == before[ABORTED] + 1
+    assert engine.stats.aborted == 1 and engine.stats.finished == 0
+
+
+async def test_unreachable_engine_raises_engine_error() -> None:
+    """A URL with nothing listening raises EngineError naming the URL, quickly."""
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    engine = OpenAIEngine(load_settings(engine="openai", engine_url=url))
+    started = time.monotonic()
+    try:
+        with pytest.raises(EngineError, match="unreachable") as info:
+            async for _ in engine.stream(REQUEST, request_id="d"):
+                pass
+    finally:
+        await engine.aclose()
+    assert url in str(info.value)
+    assert time.monotonic() - started < 3
+    assert engine.stats.aborted == 1 and engine.stats.running == 0
+
+
+async def test_http_error_raises_engine_error(engine: OpenAIEngine) -> None:
+    """An HTTP error from the server (unknown model: 404) raises EngineError with the status."""
+    bad = EngineRequest(messages=REQUEST.messages, model="no-such-model", max_tokens=8)
+    with pytest.raises(EngineError, match="HTTP 404") as info:
+        async for _ in engine.stream(bad, request_id="e"):
+            pass
+    assert "no-such-model" in str(info.value)
