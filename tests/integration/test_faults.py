@@ -1,0 +1,72 @@
+"""Faults: no worker, a vanished worker, a worker killed mid-stream. Each ends within a deadline."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.keys import CHAT_QUEUE, Keys
+from tests.integration.conftest import Services, make_stack
+
+pytestmark = pytest.mark.integration
+
+
+async def test_no_chat_worker_means_overloaded_at_once(
+    services: Services, migrated: str, tmp_path: Path, connect: Any
+) -> None:
+    """With no chat worker alive the client gets `overloaded` immediately, not a hang."""
+    with make_stack(services, migrated, tmp_path, workers=0, bulk=False) as stack:
+        client = await connect(stack)
+        started = time.monotonic()
+        await client.chat("x")
+        err = await client.next_for("x", timeout=5)
+        assert err["code"] == "overloaded" and "firsttoken worker" in err["message"]
+        assert time.monotonic() - started < 3
+        await client.send({"type": "ping", "id": "p"})
+        assert (await client.next_for("p"))["type"] == "pong"
+
+
+async def test_vanished_worker_means_timeout_within_the_queue_deadline(
+    services: Services, migrated: str, tmp_path: Path, connect: Any
+) -> None:
+    """A worker that still looks alive but takes nothing: `timeout` within queue_deadline_s."""
+    with make_stack(services, migrated, tmp_path, workers=0, bulk=False,
+                    queue_deadline_s="1.5", worker_heartbeat_s="30") as stack:
+        keys = Keys(stack.prefix)
+        stack.redis().zadd(keys.worker_heartbeats(CHAT_QUEUE), {"ghost": time.time()})
+        client = await connect(stack)
+        started = time.monotonic()
+        await client.chat("q")
+        assert (await client.next_for("q"))["type"] == "accepted"
+        err = await client.next_for("q", timeout=10)
+        waited = time.monotonic() - started
+        assert err["code"] == "timeout", err
+        assert 1.4 <= waited < 5, waited
+
+
+async def test_worker_killed_mid_stream_gives_engine_error_and_the_gateway_stays_up(
+    services: Services, migrated: str, tmp_path: Path, connect: Any
+) -> None:
+    """SIGKILL the chat worker mid-answer: `engine_error` within the idle deadline; a new
+    worker then serves new chats through the same gateway."""
+    with make_stack(services, migrated, tmp_path, bulk=False,
+                    sim_args=("--ttft-ms", "20", "--itl-ms", "100", "--max-tokens", "64")) as stack:
+        stack.wait_ready()
+        client = await connect(stack)
+        await client.chat("k", max_tokens=64)
+        assert (await client.next_for("k"))["type"] == "accepted"
+        assert (await client.next_for("k"))["type"] == "token"
+        stack.procs["chat0"].kill()
+        killed = time.monotonic()
+        _, end = await client.until_end("k", timeout=10)
+        assert end["code"] == "engine_error", end
+        assert time.monotonic() - killed < 2 + 1.5  # stream_idle_timeout_s + a watchdog tick
+        assert stack.get("/healthz")[0] == 200
+        stack.start_worker("chat1")
+        stack.wait_ready()
+        await client.chat("after", max_tokens=4)
+        _, done = await client.until_end("after", timeout=15)
+        assert done["type"] == "done"
