@@ -1,0 +1,79 @@
+"""The gateway's per-job relay decisions: ordering, gaps, repair, done timings."""
+
+from __future__ import annotations
+
+import json
+
+from gateway.relaystate import RelayState
+from shared.protocol import dumps, encode_chunk, encode_token
+
+
+def tok(seq: int, text: str = "x", chat_id: str = "c") -> str:
+    return encode_chunk("T", encode_token(chat_id, seq, text), seq)
+
+
+def done(chunks: int) -> str:
+    return encode_chunk("D", dumps({
+        "type": "done", "id": "c", "cached": False, "model": "m", "finish_reason": "stop",
+        "usage": {"prompt_tokens": 1, "completion_tokens": chunks}, "chunks": chunks,
+        "points": {"enqueued": 100.001, "worker_start": 100.002},
+    }))
+
+
+def test_in_order_tokens_are_forwarded_verbatim() -> None:
+    """Tokens in seq order go out unchanged, and the first send time is recorded."""
+    s = RelayState("c", received_at=100.0)
+    step = s.feed(tok(0, "Hi"), now=100.05)
+    assert step.frames == [encode_token("c", 0, "Hi")] and s.first_sent_at == 100.05
+    assert s.feed(tok(1), 100.06).frames and s.next_seq == 2
+
+
+def test_done_frame_gets_gateway_timings_and_loses_internal_fields() -> None:
+    """`done` carries ttft/total/queue timings and no internal `chunks`/`points`."""
+    s = RelayState("c", received_at=100.0)
+    s.feed(tok(0), 100.010)
+    step = s.feed(done(1), 100.020)
+    frame = json.loads(step.frames[0])
+    assert step.finished and "chunks" not in frame and "points" not in frame
+    assert frame["timings"]["ttft_ms"] == 10.0 and frame["timings"]["total_ms"] == 20.0
+    assert frame["timings"]["queue_ms"] == 1.0
+
+
+def test_a_gap_holds_messages_and_repair_restores_order() -> None:
+    """A missing seq triggers a repair; the replay log fills the gap, held messages follow."""
+    s = RelayState("c", received_at=0.0)
+    s.feed(tok(0), 1.0)
+    step = s.feed(tok(2), 1.0)
+    assert step.repair and not step.frames
+    assert s.feed(tok(3), 1.0).frames == []  # held while the repair runs
+    repaired = s.apply_repair([tok(0), tok(1), tok(2)], 1.1)
+    assert [json.loads(f)["seq"] for f in repaired.frames] == [1, 2, 3]
+    assert s.holding is None and s.next_seq == 4
+
+
+def test_unrepairable_gap_ends_with_engine_error() -> None:
+    """If the replay log lacks the missing tokens, the chat ends with `engine_error`."""
+    s = RelayState("c", received_at=0.0)
+    s.feed(tok(1), 1.0)
+    step = s.apply_repair([], 1.1)
+    assert step.finished and json.loads(step.frames[0])["code"] == "engine_error"
+
+
+def test_done_before_all_tokens_waits_for_repair() -> None:
+    """A `done` announcing more chunks than were seen is held until the log is read."""
+    s = RelayState("c", received_at=0.0)
+    s.feed(tok(0), 1.0)
+    assert s.feed(done(2), 1.0).repair
+    step = s.apply_repair([tok(0), tok(1), done(2)], 1.2)
+    types = [json.loads(f)["type"] for f in step.frames]
+    assert types == ["token", "done"] and step.finished
+
+
+def test_resume_under_a_new_id_renames_frames_and_skips_old_tokens() -> None:
+    """A resume replays only seq > after_seq, under the resuming chat id."""
+    s = RelayState("new", received_at=0.0, next_seq=2, rename=True)
+    s.begin_repair()
+    step = s.apply_repair([tok(0), tok(1), tok(2), done(3)], 1.0)
+    frames = [json.loads(f) for f in step.frames]
+    assert [f.get("seq") for f in frames] == [2, None]
+    assert all(f["id"] == "new" for f in frames)

@@ -1,0 +1,37 @@
+"""The Celery message the gateway builds without importing the workers."""
+
+from __future__ import annotations
+
+import json
+
+from kombu.transport.virtual.base import Channel
+
+from shared.keys import Keys
+from shared.tasks import task_message
+from shared.timing import stage_timings
+
+
+def test_envelope_is_a_celery_protocol_2_message() -> None:
+    """Headers name the task and id; the body is [args, kwargs, embed] as plain JSON."""
+    env = json.loads(task_message("firsttoken.chat", {"job": {"a": 1}}, queue="chat",
+                                  task_id="abc"))
+    assert env["headers"]["task"] == "firsttoken.chat" and env["headers"]["id"] == "abc"
+    assert env["properties"]["delivery_info"]["routing_key"] == "chat"
+    assert "body_encoding" not in env["properties"]
+    body = Channel.decode_body(None, env["body"], None)  # type: ignore[arg-type]
+    assert json.loads(body) == [[], {"job": {"a": 1}},
+                                {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
+
+
+def test_every_key_carries_the_prefix() -> None:
+    """Queues, channels and keys all live under one prefix."""
+    k = Keys("p1")
+    names = [k.queue_list("chat"), k.job_channel("j"), k.replay_stream("j"), k.cancel_flag("j"),
+             k.cancel_channel, k.api_key("h"), k.worker_heartbeats("chat"), k.job_owner("j")]
+    assert all(n.startswith("p1:") for n in names)
+
+
+def test_stage_timings_skip_unknown_points_and_never_go_negative() -> None:
+    """Durations are in ms; a stage with a missing point is left out."""
+    t = stage_timings({"received": 1.0, "enqueued": 1.001, "worker_start": 1.0005})
+    assert t == {"accept_ms": 1.0, "queue_ms": 0.0}
