@@ -85,13 +85,13 @@ class Settings(BaseSettings):
     worker_heartbeat_s: float = Field(1.0, gt=0, description="How often workers announce themselves.")
 
     # --- worker ---------------------------------------------------------------------------
-    chat_concurrency: int = Field(100, ge=1, description="Concurrent chats per chat worker process.")
+    chat_concurrency: int = Field(256, ge=1, description="Concurrent chats per chat worker process.")
     bulk_concurrency: int = Field(8, ge=1, description="Concurrent tasks per bulk worker process.")
     flush_interval_ms: float = Field(
-        4.0, ge=0, description="After the first token (sent at once), tokens are coalesced and "
-        "flushed at this interval..."
+        4.0, ge=0, description="Token coalescing: the first token is sent at once; later text is "
+        "sent at once if this long has passed since the last send, else held until it has."
     )
-    flush_max_chars: int = Field(256, ge=1, description="...or as soon as this many chars wait.")
+    flush_max_chars: int = Field(256, ge=1, description="Held text is sent early at this size.")
     replay_maxlen: int = Field(2000, ge=10, description="Chunks kept in a job's replay stream.")
     replay_ttl_s: int = Field(600, ge=10, description="How long a job's replay stream lives.")
     store_text: bool = Field(True, description="Store prompt and answer text in `messages`.")
@@ -100,7 +100,9 @@ class Settings(BaseSettings):
     )
     persist_retry_backoff_max_s: int = Field(30, ge=1, description="Longest wait between retries.")
 
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Log level of firsttoken's own loggers."
+    )
 
     @model_validator(mode="after")
     def _check_engine(self) -> Settings:
@@ -116,6 +118,14 @@ class Settings(BaseSettings):
                 f"{ENV_PREFIX}MAX_TOKENS_DEFAULT must not exceed {ENV_PREFIX}MAX_TOKENS_LIMIT"
             )
         return self
+
+
+def settings_table() -> str:
+    """The configuration table of the README, generated from the fields."""
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    for name, spec in Settings.model_fields.items():
+        rows.append(f"| `{ENV_PREFIX}{name.upper()}` | `{spec.default}` | {spec.description} |")
+    return "\n".join(rows)
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -49,3 +49,12 @@ def test_commands_refuse_to_start_on_bad_settings() -> None:
         env=child_env(port="not-a-port"), capture_output=True, text=True, timeout=30,
     )
     assert proc.returncode == 2 and "FIRSTTOKEN_PORT" in proc.stderr
+
+
+def test_readme_documents_every_setting() -> None:
+    """The README's configuration table lists every FIRSTTOKEN_ variable."""
+    from shared.settings import Settings
+
+    readme = (ROOT / "README.md").read_text()
+    missing = [n for n in Settings.model_fields if f"FIRSTTOKEN_{n.upper()}" not in readme]
+    assert not missing, f"add to README.md: {missing}"
