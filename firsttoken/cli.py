@@ -32,8 +32,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
     unknown = sorted(set(queues) - set(QUEUES))
     if unknown:
-        print(f"error: unknown queue(s) {', '.join(unknown)}; known: {', '.join(QUEUES)}",
-              file=sys.stderr)
+        print(
+            f"error: unknown queue(s) {', '.join(unknown)}; known: {', '.join(QUEUES)}",
+            file=sys.stderr,
+        )
         return 2
     concurrency = args.concurrency or (
         settings.chat_concurrency if CHAT_QUEUE in queues else settings.bulk_concurrency
@@ -41,11 +43,25 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from workers.app import app
 
     name = args.name or f"{'-'.join(queues)}@%h"
-    app.worker_main(argv=[
-        "--quiet", "worker", "-Q", ",".join(queues), "-P", "threads", "-c", str(concurrency),
-        "-n", name, "-l", args.loglevel, "--without-gossip", "--without-mingle",
-        "--without-heartbeat",
-    ])
+    app.worker_main(
+        argv=[
+            "--quiet",
+            "worker",
+            "-Q",
+            ",".join(queues),
+            "-P",
+            "threads",
+            "-c",
+            str(concurrency),
+            "-n",
+            name,
+            "-l",
+            args.loglevel,
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
+    )
     return 0
 
 
@@ -84,8 +100,12 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     from firsttoken.client import run_chat
 
     return run_chat(
-        args.question, url=args.url, api_key=args.api_key, model=args.model,
-        max_tokens=args.max_tokens, no_cache=args.no_cache,
+        args.question,
+        url=args.url,
+        api_key=args.api_key,
+        model=args.model,
+        max_tokens=args.max_tokens,
+        no_cache=args.no_cache,
     )
 
 
@@ -102,15 +122,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
+    def add(
+        name: str, fn: Callable[[argparse.Namespace], int], help_: str
+    ) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
         p.set_defaults(fn=fn)
         return p
 
-    p = add("up", _cmd_up, "Run the whole stack locally: embedded Redis (unless "
-            "FIRSTTOKEN_REDIS_URL), SQLite (unless FIRSTTOKEN_DATABASE_URL), the simulated engine "
-            "(unless FIRSTTOKEN_ENGINE_URL), migrations, a gateway, a chat and a bulk worker.")
-    p.add_argument("--port", type=int, default=None, help="gateway port (default FIRSTTOKEN_PORT, 8000)")
+    p = add(
+        "up",
+        _cmd_up,
+        "Run the whole stack locally: embedded Redis (unless "
+        "FIRSTTOKEN_REDIS_URL), SQLite (unless FIRSTTOKEN_DATABASE_URL), the simulated engine "
+        "(unless FIRSTTOKEN_ENGINE_URL), migrations, a gateway, a chat and a bulk worker.",
+    )
+    p.add_argument(
+        "--port", type=int, default=None, help="gateway port (default FIRSTTOKEN_PORT, 8000)"
+    )
     p.add_argument("--host", default=None, help="gateway bind address (default FIRSTTOKEN_HOST)")
 
     p = add("gateway", _cmd_gateway, "Run one gateway process (websocket + health + metrics).")
@@ -118,10 +146,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=None, help="bind address (default FIRSTTOKEN_HOST)")
 
     p = add("worker", _cmd_worker, "Run one Celery worker process for the given queues.")
-    p.add_argument("--queues", default=CHAT_QUEUE,
-                   help=f"comma-separated queues: {CHAT_QUEUE} (interactive), {BULK_QUEUE} (writes)")
-    p.add_argument("--concurrency", type=int, default=None,
-                   help="threads (default FIRSTTOKEN_CHAT_CONCURRENCY / FIRSTTOKEN_BULK_CONCURRENCY)")
+    p.add_argument(
+        "--queues",
+        default=CHAT_QUEUE,
+        help=f"comma-separated queues: {CHAT_QUEUE} (interactive), {BULK_QUEUE} (writes)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="threads (default FIRSTTOKEN_CHAT_CONCURRENCY / FIRSTTOKEN_BULK_CONCURRENCY)",
+    )
     p.add_argument("--name", default=None, help="worker node name (default QUEUES@hostname)")
     p.add_argument("--loglevel", default="warning", help="Celery log level (default warning)")
 
@@ -129,25 +164,40 @@ def build_parser() -> argparse.ArgumentParser:
 
     keys = sub.add_parser("keys", help="Manage API keys.", description="Manage API keys.")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
-    p = keys_sub.add_parser("create", help="Create an API key for a tenant (created if new); "
-                            "the key is printed once.")
+    p = keys_sub.add_parser(
+        "create", help="Create an API key for a tenant (created if new); the key is printed once."
+    )
     p.add_argument("--tenant", required=True, help="tenant name")
     p.add_argument("--scope", default="chat", choices=["chat", "admin"], help="key scope")
     p.set_defaults(fn=_cmd_keys_create)
 
-    p = add("chat", _cmd_chat, "Ask a running stack one question; streams the answer and "
-            "prints the timings.")
+    p = add(
+        "chat",
+        _cmd_chat,
+        "Ask a running stack one question; streams the answer and prints the timings.",
+    )
     p.add_argument("question", help="the question")
-    p.add_argument("--url", default=None, help="gateway websocket URL (default: the one "
-                   "`firsttoken up` wrote to .firsttoken/dev.json, else ws://127.0.0.1:8000/v1/ws)")
-    p.add_argument("--api-key", default=None, help="API key (default FIRSTTOKEN_API_KEY, "
-                   "FIRSTTOKEN_DEV_API_KEY, or the one `firsttoken up` wrote)")
+    p.add_argument(
+        "--url",
+        default=None,
+        help="gateway websocket URL (default: the one "
+        "`firsttoken up` wrote to .firsttoken/dev.json, else ws://127.0.0.1:8000/v1/ws)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="API key (default FIRSTTOKEN_API_KEY, "
+        "FIRSTTOKEN_DEV_API_KEY, or the one `firsttoken up` wrote)",
+    )
     p.add_argument("--model", default=None, help="model name")
     p.add_argument("--max-tokens", type=int, default=None, help="longest answer, in tokens")
     p.add_argument("--no-cache", action="store_true", help="bypass the answer cache")
 
-    p = add("sim-server", _cmd_sim_server, "Run the simulated OpenAI-compatible engine "
-            "(see `firsttoken sim-server --help`).")
+    p = add(
+        "sim-server",
+        _cmd_sim_server,
+        "Run the simulated OpenAI-compatible engine (see `firsttoken sim-server --help`).",
+    )
     p.add_argument("rest", nargs=argparse.REMAINDER, help="options for the simulator")
     return parser
 

@@ -23,13 +23,21 @@ def _defaults() -> dict[str, str]:
 
 
 async def ask(
-    question: str, *, url: str, api_key: str, model: str | None = None,
-    max_tokens: int | None = None, cache: bool = True, out: Any = sys.stdout,
+    question: str,
+    *,
+    url: str,
+    api_key: str,
+    model: str | None = None,
+    max_tokens: int | None = None,
+    cache: bool = True,
+    out: Any = sys.stdout,
 ) -> dict[str, Any]:
     """Stream one answer to `out`; return the final `done` or `error` frame."""
     chat_id = uuid.uuid4().hex[:8]
     frame: dict[str, Any] = {
-        "type": "chat", "id": chat_id, "messages": [{"role": "user", "content": question}],
+        "type": "chat",
+        "id": chat_id,
+        "messages": [{"role": "user", "content": question}],
         "cache": cache,
     }
     if model:
@@ -50,22 +58,40 @@ async def ask(
 
 
 def run_chat(
-    question: str, *, url: str | None, api_key: str | None, model: str | None,
-    max_tokens: int | None, no_cache: bool,
+    question: str,
+    *,
+    url: str | None,
+    api_key: str | None,
+    model: str | None,
+    max_tokens: int | None,
+    no_cache: bool,
 ) -> int:
     dev = _defaults()
     url = url or dev.get("url") or "ws://127.0.0.1:8000/v1/ws"
-    api_key = (api_key or os.environ.get("FIRSTTOKEN_API_KEY")
-               or os.environ.get("FIRSTTOKEN_DEV_API_KEY") or dev.get("api_key"))
+    api_key = (
+        api_key
+        or os.environ.get("FIRSTTOKEN_API_KEY")
+        or os.environ.get("FIRSTTOKEN_DEV_API_KEY")
+        or dev.get("api_key")
+    )
     if not api_key:
         print("firsttoken: no API key; pass --api-key or set FIRSTTOKEN_API_KEY", file=sys.stderr)
         return 2
     try:
-        result = asyncio.run(ask(question, url=url, api_key=api_key, model=model,
-                                 max_tokens=max_tokens, cache=not no_cache))
+        result = asyncio.run(
+            ask(
+                question,
+                url=url,
+                api_key=api_key,
+                model=model,
+                max_tokens=max_tokens,
+                cache=not no_cache,
+            )
+        )
     except OSError as exc:
-        print(f"firsttoken: cannot reach {url}: {exc} (is `firsttoken up` running?)",
-              file=sys.stderr)
+        print(
+            f"firsttoken: cannot reach {url}: {exc} (is `firsttoken up` running?)", file=sys.stderr
+        )
         return 1
     print()
     if result["type"] == "error":
@@ -73,7 +99,9 @@ def run_chat(
         return 1
     timings = " ".join(f"{k}={v:g}" for k, v in result.get("timings", {}).items())
     usage = result.get("usage", {})
-    print(f"[{result['model']} finish={result['finish_reason']} cached={result['cached']} "
-          f"prompt={usage.get('prompt_tokens')} completion={usage.get('completion_tokens')}]")
+    print(
+        f"[{result['model']} finish={result['finish_reason']} cached={result['cached']} "
+        f"prompt={usage.get('prompt_tokens')} completion={usage.get('completion_tokens')}]"
+    )
     print(f"[ms: {timings}]")
     return 0

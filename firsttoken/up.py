@@ -119,9 +119,17 @@ def run_up(port: int | None = None, host: str | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        procs["gateway"] = subprocess.Popen([py, "-m", "gateway", "--port", str(port), "--host", host], env=env, start_new_session=True)
-        procs["worker-chat"] = subprocess.Popen([py, "-m", "firsttoken", "worker", "--queues", "chat"], env=env, start_new_session=True)
-        procs["worker-bulk"] = subprocess.Popen([py, "-m", "firsttoken", "worker", "--queues", "bulk"], env=env, start_new_session=True)
+        procs["gateway"] = subprocess.Popen(
+            [py, "-m", "gateway", "--port", str(port), "--host", host],
+            env=env,
+            start_new_session=True,
+        )
+        procs["worker-chat"] = subprocess.Popen(
+            [py, "-m", "firsttoken", "worker", "--queues", "chat"], env=env, start_new_session=True
+        )
+        procs["worker-bulk"] = subprocess.Popen(
+            [py, "-m", "firsttoken", "worker", "--queues", "bulk"], env=env, start_new_session=True
+        )
         shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
         _wait_ready(f"http://{shown_host}:{port}/readyz", procs)
         ws_url = f"ws://{shown_host}:{port}/v1/ws"
@@ -130,12 +138,17 @@ def run_up(port: int | None = None, host: str | None = None) -> int:
         os.chmod(DEV_FILE, 0o600)
         print(f"firsttoken is up: {ws_url}", flush=True)
         print(f"  dev API key: {key}", flush=True)
-        print(f"  try:  firsttoken chat \"What is firsttoken?\"   (Ctrl-C stops everything)", flush=True)
+        print(
+            '  try:  firsttoken chat "What is firsttoken?"   (Ctrl-C stops everything)', flush=True
+        )
         while not stopping:
             for name, proc in procs.items():
                 if proc.poll() is not None:
-                    print(f"firsttoken: {name} exited with code {proc.returncode}; stopping",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"firsttoken: {name} exited with code {proc.returncode}; stopping",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     return 1
             time.sleep(0.2)
         return 0

@@ -11,7 +11,9 @@ from shared.settings import get_settings
 
 def main(argv: list[str] | None = None) -> int:
     settings = get_settings()
-    parser = argparse.ArgumentParser(prog="firsttoken gateway", description="Run one gateway process.")
+    parser = argparse.ArgumentParser(
+        prog="firsttoken gateway", description="Run one gateway process."
+    )
     parser.add_argument("--host", default=settings.host, help="bind address (FIRSTTOKEN_HOST)")
     parser.add_argument("--port", type=int, default=settings.port, help="port (FIRSTTOKEN_PORT)")
     args = parser.parse_args(argv)

@@ -67,8 +67,10 @@ async def readyz(request: Request) -> Response:
     if checks["redis"] == "ok":
         gw._workers_checked = 0.0  # readiness wants a fresh answer
         workers = await gw.chat_workers()
-    checks["chat_workers"] = "ok" if workers else (
-        "failed: no chat worker heartbeat (start `firsttoken worker --queues chat`)"
+    checks["chat_workers"] = (
+        "ok"
+        if workers
+        else ("failed: no chat worker heartbeat (start `firsttoken worker --queues chat`)")
     )
     ok = all(v == "ok" for v in checks.values())
     return JSONResponse(

@@ -39,7 +39,10 @@ def key_from_request(headers: dict[str, str], query: dict[str, str]) -> str | No
 
 class Authenticator:
     def __init__(
-        self, redis: aioredis.Redis, keys: Keys, sessions: async_sessionmaker[AsyncSession],
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        sessions: async_sessionmaker[AsyncSession],
         cache_s: float,
     ) -> None:
         self._redis = redis
@@ -77,10 +80,14 @@ class Authenticator:
             if info is None:
                 return None
             record = {
-                "tenant_id": info.tenant_id, "key_id": info.key_id, "scope": info.scope,
+                "tenant_id": info.tenant_id,
+                "key_id": info.key_id,
+                "scope": info.scope,
                 "revoked": info.revoked,
             }
-            await self._redis.set(self._keys.api_key(digest), json.dumps(record), ex=REDIS_KEY_TTL_S)
+            await self._redis.set(
+                self._keys.api_key(digest), json.dumps(record), ex=REDIS_KEY_TTL_S
+            )
         if record.get("revoked"):
             return None
         return Principal(record["tenant_id"], record["key_id"], record.get("scope", "chat"))

@@ -9,7 +9,8 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.connections = Gauge(
-            "firsttoken_gateway_connections", "Open websocket connections.",
+            "firsttoken_gateway_connections",
+            "Open websocket connections.",
             registry=self.registry,
         )
         self.chats = Counter(
@@ -21,7 +22,9 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.errors = Counter(
-            "firsttoken_gateway_errors_total", "Error frames sent, by code.", ["code"],
+            "firsttoken_gateway_errors_total",
+            "Error frames sent, by code.",
+            ["code"],
             registry=self.registry,
         )
         self.streams = Gauge(

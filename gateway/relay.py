@@ -73,7 +73,7 @@ class Relay:
                 msg = await self._pubsub.get_message(timeout=None)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - redis-py reconnects and resubscribes
+            except Exception:
                 log.warning("pub/sub connection lost; reconnecting", exc_info=True)
                 await asyncio.sleep(0.2)
                 continue
@@ -89,7 +89,7 @@ class Relay:
                     data = msg["data"]
                     try:
                         handler(data.decode() if isinstance(data, bytes) else data)
-                    except Exception:  # noqa: BLE001 - one bad job must not stop the relay
+                    except Exception:
                         log.exception("relay handler for %s failed", channel)
             elif kind == "subscribe":
                 fut = confirm.pop(channel, None)

@@ -97,10 +97,17 @@ class RelayState:
             self.finished = step.finished = True
 
     def _gap(self, step: Step) -> None:
-        step.frames.append(dumps(error_frame(self.chat_id, EngineError(
-            f"part of the answer was lost after token {self.next_seq - 1} and could not be "
-            "recovered from the replay log; please retry"
-        ))))
+        step.frames.append(
+            dumps(
+                error_frame(
+                    self.chat_id,
+                    EngineError(
+                        f"part of the answer was lost after token {self.next_seq - 1} and "
+                        "could not be recovered from the replay log; please retry"
+                    ),
+                )
+            )
+        )
         self.finished = step.finished = True
 
     def _renamed(self, payload: str) -> str:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from gateway.auth import Principal
+from gateway.relaystate import RelayState, Step
 from shared.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -34,9 +36,6 @@ from shared.protocol import (
     parse_client_frame,
 )
 from shared.tasks import ChatJob, new_id, task_message
-
-from gateway.auth import Principal
-from gateway.relaystate import RelayState, Step
 
 if TYPE_CHECKING:
     from gateway.state import Gateway
@@ -126,14 +125,16 @@ class Session:
                 self.send(dumps({"type": "pong", "id": frame.id}))
         except FirstTokenError as exc:
             self.send_error(getattr(frame, "id", None), exc)
-        except Exception as exc:  # noqa: BLE001 - report, keep the connection
+        except Exception as exc:
             log.exception("frame handling failed")
             self.send_error(getattr(frame, "id", None), exc)
 
     # --- chats ------------------------------------------------------------------------
     def _check_new_chat(self, chat_id: str) -> None:
         if chat_id in self.jobs:
-            raise InvalidRequest(f"a chat with id {chat_id!r} is already running on this connection")
+            raise InvalidRequest(
+                f"a chat with id {chat_id!r} is already running on this connection"
+            )
         limit = self.gw.settings.max_streams_per_connection
         if len(self.jobs) >= limit:
             raise Overloaded(f"this connection already runs {limit} chats; wait for one to finish")
@@ -154,25 +155,37 @@ class Session:
                 "no chat worker is running; start one with `firsttoken worker --queues chat`"
             )
         job_id = new_id()
-        job = Job(self, job_id, RelayState(frame.id, received), received + settings.queue_deadline_s)
+        job = Job(
+            self, job_id, RelayState(frame.id, received), received + settings.queue_deadline_s
+        )
         self.jobs[frame.id] = job
         try:
             await gw.relay.subscribe(job.channel, job.on_message)
             enqueued = time.time()
             job.state.enqueued_at = enqueued
             payload = ChatJob(
-                job_id=job_id, chat_id=frame.id, tenant_id=self.principal.tenant_id,
-                key_id=self.principal.key_id, messages=frame.messages, model=frame.model,
-                max_tokens=max_tokens, temperature=frame.temperature, cache=frame.cache,
-                received_at=received, enqueued_at=enqueued, deadline_at=job.deadline_at,
+                job_id=job_id,
+                chat_id=frame.id,
+                tenant_id=self.principal.tenant_id,
+                key_id=self.principal.key_id,
+                messages=frame.messages,
+                model=frame.model,
+                max_tokens=max_tokens,
+                temperature=frame.temperature,
+                cache=frame.cache,
+                received_at=received,
+                enqueued_at=enqueued,
+                deadline_at=job.deadline_at,
             )
             message = task_message(
-                CHAT_TASK, {"job": payload.model_dump()}, queue=CHAT_QUEUE, task_id=job_id,
+                CHAT_TASK,
+                {"job": payload.model_dump()},
+                queue=CHAT_QUEUE,
+                task_id=job_id,
                 origin=gw.name,
             )
             async with gw.redis.pipeline(transaction=False) as pipe:
-                pipe.set(gw.keys.job_owner(job_id), self.principal.key_id,
-                         ex=settings.replay_ttl_s)
+                pipe.set(gw.keys.job_owner(job_id), self.principal.key_id, ex=settings.replay_ttl_s)
                 pipe.lpush(gw.keys.queue_list(CHAT_QUEUE), message)
                 await pipe.execute()
         except BaseException:
@@ -215,16 +228,17 @@ class Session:
             self.send(text)
         self.gw.metrics.chunks.inc(len(step.frames))
         if step.repair:
-            asyncio.ensure_future(self._repair(job))
+            self.gw.spawn(self._repair(job))
         if step.finished:
-            asyncio.ensure_future(self.stop_job(job, notify_worker=False))
+            self.gw.spawn(self.stop_job(job, notify_worker=False))
 
     async def _repair(self, job: Job) -> None:
         try:
             entries = await self.gw.redis.xrange(self.gw.keys.replay_stream(job.job_id))
         except Exception:  # noqa: BLE001
             entries = []
-        self.apply(job, job.state.apply_repair([fields["m"] for _, fields in entries], time.time()))
+        stream = [str(fields["m"]) for _, fields in entries or [] if fields]
+        self.apply(job, job.state.apply_repair(stream, time.time()))
 
     async def stop_job(self, job: Job, *, notify_worker: bool) -> None:
         """Forget a job; when the client gave it up, tell the worker to stop and abort."""
@@ -258,4 +272,4 @@ class Session:
             )
         state.finished = True
         self.send_error(state.chat_id, exc)
-        asyncio.ensure_future(self.stop_job(job, notify_worker=True))
+        self.gw.spawn(self.stop_job(job, notify_worker=True))

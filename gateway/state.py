@@ -8,7 +8,8 @@ import logging
 import os
 import socket
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -50,6 +51,13 @@ class Gateway:
         self._workers_checked = 0.0
         self._workers_alive = 0
         self._watchdog: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a fire-and-forget coroutine, keeping a reference so it is not collected."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def start(self) -> None:
         await self.relay.start()
@@ -69,9 +77,9 @@ class Gateway:
         now = time.time()
         if now - self._workers_checked >= self.settings.worker_heartbeat_s:
             horizon = now - 3 * self.settings.worker_heartbeat_s
-            self._workers_alive = int(await self.redis.zcount(
-                self.keys.worker_heartbeats(CHAT_QUEUE), horizon, "+inf"
-            ))
+            self._workers_alive = int(
+                await self.redis.zcount(self.keys.worker_heartbeats(CHAT_QUEUE), horizon, "+inf")
+            )
             self._workers_checked = now
         return self._workers_alive
 
@@ -85,7 +93,7 @@ class Gateway:
                 pipe.set(self.keys.cancel_flag(job_id), "1", ex=self.settings.replay_ttl_s)
                 pipe.publish(self.keys.cancel_channel, job_id)
                 await pipe.execute()
-        except Exception:  # noqa: BLE001 - the queue deadline still drops it
+        except Exception:
             log.warning("could not publish cancel for %s", job_id, exc_info=True)
 
     async def _watch(self) -> None:

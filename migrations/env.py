@@ -51,7 +51,9 @@ async def run_async_migrations(url: str) -> None:
 
 def run_migrations_offline() -> None:
     context.configure(
-        url=_database_url(), target_metadata=target_metadata, literal_binds=True,
+        url=_database_url(),
+        target_metadata=target_metadata,
+        literal_binds=True,
         dialect_opts={"paramstyle": "named"},
     )
     with context.begin_transaction():

@@ -6,7 +6,7 @@
         ├── InvalidRequest           invalid_request   malformed or out-of-bounds input
         ├── Unauthorized             unauthorized      missing, unknown or revoked API key
         ├── RateLimited              rate_limited      over a limit; carries retry_after_ms
-        ├── Overloaded               overloaded        no capacity (no chat worker, too many streams)
+        ├── Overloaded               overloaded        no capacity (no chat worker, too many chats)
         ├── DeadlineExceeded         timeout           a deadline passed (queue, first token, idle)
         ├── EngineError              engine_error      the model server failed or went away
         ├── Cancelled                cancelled         the client or the system cancelled the chat

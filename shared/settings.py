@@ -41,8 +41,9 @@ class Settings(BaseSettings):
 
     # --- engine ---------------------------------------------------------------------------
     engine: Literal["sim", "openai", "vllm"] = Field(
-        "sim", description="sim (built-in simulator), openai (any OpenAI-compatible server), "
-        "vllm (in-process vLLM AsyncLLM)."
+        "sim",
+        description="sim (built-in simulator), openai (any OpenAI-compatible server), "
+        "vllm (in-process vLLM AsyncLLM).",
     )
     engine_url: str | None = Field(
         None, description="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8100/v1."
@@ -70,26 +71,38 @@ class Settings(BaseSettings):
     max_messages: int = Field(256, ge=1, description="Most messages in one chat frame.")
     max_tokens_default: int = Field(256, ge=1, description="max_tokens when the client sets none.")
     max_tokens_limit: int = Field(4096, ge=1, description="Highest max_tokens a client may ask.")
-    max_streams_per_connection: int = Field(64, ge=1, description="Chats running at once per socket.")
+    max_streams_per_connection: int = Field(
+        64, ge=1, description="Chats running at once per socket."
+    )
     auth_cache_s: float = Field(1.0, ge=0, description="How long a gateway trusts a key lookup.")
 
     # --- deadlines ------------------------------------------------------------------------
     queue_deadline_s: float = Field(
-        10.0, gt=0, description="A chat not picked up by a worker within this is answered "
-        "`timeout` and dropped by any worker that finds it later."
+        10.0,
+        gt=0,
+        description="A chat not picked up by a worker within this is answered "
+        "`timeout` and dropped by any worker that finds it later.",
     )
     stream_idle_timeout_s: float = Field(
-        10.0, gt=0, description="Longest silence from the worker once a chat has started before "
-        "the client gets `engine_error`."
+        10.0,
+        gt=0,
+        description="Longest silence from the worker once a chat has started before "
+        "the client gets `engine_error`.",
     )
-    worker_heartbeat_s: float = Field(1.0, gt=0, description="How often workers announce themselves.")
+    worker_heartbeat_s: float = Field(
+        1.0, gt=0, description="How often workers announce themselves."
+    )
 
     # --- worker ---------------------------------------------------------------------------
-    chat_concurrency: int = Field(256, ge=1, description="Concurrent chats per chat worker process.")
+    chat_concurrency: int = Field(
+        256, ge=1, description="Concurrent chats per chat worker process."
+    )
     bulk_concurrency: int = Field(8, ge=1, description="Concurrent tasks per bulk worker process.")
     flush_interval_ms: float = Field(
-        4.0, ge=0, description="Token coalescing: the first token is sent at once; later text is "
-        "sent at once if this long has passed since the last send, else held until it has."
+        4.0,
+        ge=0,
+        description="Token coalescing: the first token is sent at once; later text is "
+        "sent at once if this long has passed since the last send, else held until it has.",
     )
     flush_max_chars: int = Field(256, ge=1, description="Held text is sent early at this size.")
     replay_maxlen: int = Field(2000, ge=10, description="Chunks kept in a job's replay stream.")

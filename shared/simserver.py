@@ -101,7 +101,9 @@ def parse_chat_request(body: Any, served_model: str, default_max_tokens: int) ->
     if body.get("n", 1) != 1:
         raise _BadRequest("only n=1 is supported")
     return EngineRequest(
-        messages=messages, model=model, max_tokens=max_tokens,
+        messages=messages,
+        model=model,
+        max_tokens=max_tokens,
         temperature=None if temperature is None else float(temperature),
     )
 
@@ -112,15 +114,22 @@ def _sse(payload: dict[str, Any]) -> bytes:
 
 def _usage(delta: Delta) -> dict[str, int]:
     prompt, completion = delta.prompt_tokens or 0, delta.completion_tokens or 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 async def _sse_events(
     engine: SimEngine, request: EngineRequest, completion_id: str
 ) -> AsyncGenerator[bytes, None]:
-    head = {"id": completion_id, "object": "chat.completion.chunk",
-            "created": int(time.time()), "model": request.model}
+    head = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": request.model,
+    }
 
     def chunk(delta: dict[str, str], finish_reason: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
@@ -168,7 +177,8 @@ class _StatsCollector(Collector):
             "firsttoken_sim_requests_running", "Requests generating now.", value=stats.running
         )
         yield GaugeMetricFamily(
-            "firsttoken_sim_requests_queued", "Requests waiting for a free sequence slot.",
+            "firsttoken_sim_requests_queued",
+            "Requests waiting for a free sequence slot.",
             value=stats.extra.get("queued", 0),
         )
 
@@ -198,18 +208,25 @@ def create_app(options: SimOptions, model_name: str = "sim") -> Starlette:
         return JSONResponse(await _complete(engine, engine_request, completion_id))
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": model_name, "object": "model", "created": 0, "owned_by": "firsttoken"}
-        ]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": model_name, "object": "model", "created": 0, "owned_by": "firsttoken"}
+                ],
+            }
+        )
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
-    app = Starlette(routes=[
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-    ])
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ]
+    )
     app.state.engine = engine
     return app
 
@@ -224,10 +241,18 @@ async def _complete(
             parts.append(delta.text)
             final = delta
     return {
-        "id": completion_id, "object": "chat.completion", "created": int(time.time()),
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
         "model": request.model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(parts)},
-                     "logprobs": None, "finish_reason": final.finish_reason}],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "".join(parts)},
+                "logprobs": None,
+                "finish_reason": final.finish_reason,
+            }
+        ],
         "usage": _usage(final),
     }
 
@@ -243,18 +268,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
     p.add_argument("--port", type=int, default=8100, help="port (default: %(default)s)")
     p.add_argument("--model", default="sim", help="served model name (default: %(default)s)")
-    p.add_argument("--ttft-ms", type=float, default=s.sim_ttft_ms,
-                   help="time to first token, ms (default: %(default)s)")
-    p.add_argument("--itl-ms", type=float, default=s.sim_itl_ms,
-                   help="inter-token latency, ms (default: %(default)s)")
-    p.add_argument("--prefill-ms-per-token", type=float, default=s.sim_prefill_ms_per_token,
-                   help="extra time to first token per prompt token, ms (default: %(default)s)")
-    p.add_argument("--max-seqs", type=int, default=s.sim_max_seqs,
-                   help="sequences generated at once; more wait (default: %(default)s)")
-    p.add_argument("--jitter", type=float, default=s.sim_jitter,
-                   help="relative random noise of every delay, 0..1 (default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=s.sim_max_tokens,
-                   help="longest answer, in tokens (default: %(default)s)")
+    p.add_argument(
+        "--ttft-ms",
+        type=float,
+        default=s.sim_ttft_ms,
+        help="time to first token, ms (default: %(default)s)",
+    )
+    p.add_argument(
+        "--itl-ms",
+        type=float,
+        default=s.sim_itl_ms,
+        help="inter-token latency, ms (default: %(default)s)",
+    )
+    p.add_argument(
+        "--prefill-ms-per-token",
+        type=float,
+        default=s.sim_prefill_ms_per_token,
+        help="extra time to first token per prompt token, ms (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-seqs",
+        type=int,
+        default=s.sim_max_seqs,
+        help="sequences generated at once; more wait (default: %(default)s)",
+    )
+    p.add_argument(
+        "--jitter",
+        type=float,
+        default=s.sim_jitter,
+        help="relative random noise of every delay, 0..1 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=s.sim_max_tokens,
+        help="longest answer, in tokens (default: %(default)s)",
+    )
     return p
 
 
@@ -264,18 +313,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         options = SimOptions(
-            ttft_ms=args.ttft_ms, itl_ms=args.itl_ms,
-            prefill_ms_per_token=args.prefill_ms_per_token, max_seqs=args.max_seqs,
-            jitter=args.jitter, max_tokens=args.max_tokens,
+            ttft_ms=args.ttft_ms,
+            itl_ms=args.itl_ms,
+            prefill_ms_per_token=args.prefill_ms_per_token,
+            max_seqs=args.max_seqs,
+            jitter=args.jitter,
+            max_tokens=args.max_tokens,
         )
     except (ConfigError, ValueError) as exc:
         print(f"firsttoken sim-server: {exc}", file=sys.stderr)
         return 2
-    print(f"firsttoken sim-server: model {args.model!r} on http://{args.host}:{args.port}/v1",
-          file=sys.stderr, flush=True)
+    print(
+        f"firsttoken sim-server: model {args.model!r} on http://{args.host}:{args.port}/v1",
+        file=sys.stderr,
+        flush=True,
+    )
     uvicorn.run(
-        create_app(options, args.model), host=args.host, port=args.port, loop="uvloop",
-        http="httptools", log_level="warning", access_log=False,
+        create_app(options, args.model),
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
         # Open streams must not hold a shutdown forever.
         timeout_graceful_shutdown=5,
     )

@@ -72,8 +72,13 @@ def new_id() -> str:
 
 
 def task_message(
-    task_name: str, kwargs: dict[str, Any], *, queue: str, task_id: str | None = None,
-    origin: str = "firsttoken", expires_iso: str | None = None,
+    task_name: str,
+    kwargs: dict[str, Any],
+    *,
+    queue: str,
+    task_id: str | None = None,
+    origin: str = "firsttoken",
+    expires_iso: str | None = None,
 ) -> str:
     """A kombu Redis-transport envelope holding a Celery protocol-2 task message, as JSON."""
     task_id = task_id or new_id()

@@ -32,7 +32,9 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def wait_until(predicate: object, timeout: float = 20.0, interval: float = 0.05, what: str = "") -> None:
+def wait_until(
+    predicate: object, timeout: float = 20.0, interval: float = 0.05, what: str = ""
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():  # type: ignore[operator]
@@ -96,9 +98,13 @@ class Proc:
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.args = args
         self.log_path = log
-        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self._log = open(log, "wb")
         self.popen = subprocess.Popen(
-            args, env=env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+            args,
+            env=env,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 

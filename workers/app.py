@@ -10,10 +10,16 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import worker_init, worker_shutdown
-from kombu import Exchange, Queue
+from kombu.entity import Exchange, Queue
 
-from shared.keys import BULK_QUEUE, CHAT_QUEUE, CHAT_TASK, PERSIST_MESSAGES_TASK, PERSIST_USAGE_TASK
-from shared.keys import Keys
+from shared.keys import (
+    BULK_QUEUE,
+    CHAT_QUEUE,
+    CHAT_TASK,
+    PERSIST_MESSAGES_TASK,
+    PERSIST_USAGE_TASK,
+    Keys,
+)
 from shared.settings import get_settings
 
 settings = get_settings()

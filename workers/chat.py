@@ -87,16 +87,27 @@ async def run_chat(job: ChatJob) -> None:
     points: dict[str, float] = {"received": job.received_at, "enqueued": job.enqueued_at}
     points["worker_start"] = time.time()
     publisher = JobPublisher(
-        ctx.redis, ctx.keys, job.job_id, job.chat_id,
-        replay_maxlen=ctx.settings.replay_maxlen, replay_ttl_s=ctx.settings.replay_ttl_s,
+        ctx.redis,
+        ctx.keys,
+        job.job_id,
+        job.chat_id,
+        replay_maxlen=ctx.settings.replay_maxlen,
+        replay_ttl_s=ctx.settings.replay_ttl_s,
     )
     model = job.model or ctx.settings.engine_model
     if points["worker_start"] > job.deadline_at:
         waited = points["worker_start"] - job.enqueued_at
-        await _fail(ctx, publisher, job, model, points, DeadlineExceeded(
-            f"the chat waited {waited:.1f}s for a worker, past its deadline; it was dropped, "
-            "not run late. Add chat workers or lower the load."
-        ))
+        await _fail(
+            ctx,
+            publisher,
+            job,
+            model,
+            points,
+            DeadlineExceeded(
+                f"the chat waited {waited:.1f}s for a worker, past its deadline; it was dropped, "
+                "not run late. Add chat workers or lower the load."
+            ),
+        )
         return
     if await ctx.redis.exists(ctx.keys.cancel_flag(job.job_id)):
         await _record(ctx, job, model, points, 0, 0, "cancelled", "cancelled", "")
@@ -105,9 +116,9 @@ async def run_chat(job: ChatJob) -> None:
     task = asyncio.current_task()
     assert task is not None
     ctx.running[job.job_id] = task
-    stream = _Stream(publisher, Coalescer(
-        ctx.settings.flush_interval_ms / 1000.0, ctx.settings.flush_max_chars
-    ))
+    stream = _Stream(
+        publisher, Coalescer(ctx.settings.flush_interval_ms / 1000.0, ctx.settings.flush_max_chars)
+    )
     prompt_tokens = completion_tokens = 0
     finish_reason = "stop"
     try:
@@ -116,7 +127,9 @@ async def run_chat(job: ChatJob) -> None:
         # in the timings so clients see the same shape.
         points["cache_decided"] = points["retrieval_done"] = time.time()
         request = EngineRequest(
-            messages=job.messages, model=model, max_tokens=job.max_tokens,
+            messages=job.messages,
+            model=model,
+            max_tokens=job.max_tokens,
             temperature=job.temperature,
         )
         async for delta in ctx.engine.stream(request, request_id=job.job_id):
@@ -137,15 +150,22 @@ async def run_chat(job: ChatJob) -> None:
         with contextlib.suppress(Exception):
             await ctx.engine.abort(job.job_id)
         await _record(
-            ctx, job, model, points, prompt_tokens, completion_tokens, "cancelled",
-            "cancelled", "".join(stream.text),
+            ctx,
+            job,
+            model,
+            points,
+            prompt_tokens,
+            completion_tokens,
+            "cancelled",
+            "cancelled",
+            "".join(stream.text),
         )
         with contextlib.suppress(Exception):
-            await publisher.control(CHUNK_ERROR, dumps(error_frame(
-                job.chat_id, Cancelled("the chat was cancelled")
-            )))
+            await publisher.control(
+                CHUNK_ERROR, dumps(error_frame(job.chat_id, Cancelled("the chat was cancelled")))
+            )
         return
-    except Exception as exc:  # noqa: BLE001 - every failure ends the chat with a frame
+    except Exception as exc:
         if not isinstance(exc, FirstTokenError):
             log.exception("chat %s failed", job.job_id)
         await _stop_stream(stream)
@@ -169,7 +189,14 @@ async def run_chat(job: ChatJob) -> None:
     }
     await publisher.control(CHUNK_DONE, dumps(done))
     await _record(
-        ctx, job, model, points, prompt_tokens, completion_tokens, finish_reason, "ok",
+        ctx,
+        job,
+        model,
+        points,
+        prompt_tokens,
+        completion_tokens,
+        finish_reason,
+        "ok",
         "".join(stream.text),
     )
 
@@ -182,8 +209,13 @@ async def _stop_stream(stream: _Stream) -> None:
 
 
 async def _fail(
-    ctx: WorkerContext, publisher: JobPublisher, job: ChatJob, model: str,
-    points: dict[str, float], exc: BaseException, completion_tokens: int = 0,
+    ctx: WorkerContext,
+    publisher: JobPublisher,
+    job: ChatJob,
+    model: str,
+    points: dict[str, float],
+    exc: BaseException,
+    completion_tokens: int = 0,
 ) -> None:
     frame = error_frame(job.chat_id, exc)
     with contextlib.suppress(Exception):
@@ -193,33 +225,55 @@ async def _fail(
 
 
 async def _record(
-    ctx: WorkerContext, job: ChatJob, model: str, points: dict[str, float],
-    prompt_tokens: int, completion_tokens: int, finish_reason: str, status: str, answer: str,
+    ctx: WorkerContext,
+    job: ChatJob,
+    model: str,
+    points: dict[str, float],
+    prompt_tokens: int,
+    completion_tokens: int,
+    finish_reason: str,
+    status: str,
+    answer: str,
 ) -> None:
     """Hand the usage row (and the text, if stored) to the bulk queue; never fails the chat."""
     now = time.time()
     first = points.get("first_chunk_published")
     usage = UsageRecord(
-        request_id=job.job_id, tenant_id=job.tenant_id, key_id=job.key_id, model=model,
-        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+        request_id=job.job_id,
+        tenant_id=job.tenant_id,
+        key_id=job.key_id,
+        model=model,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
         queue_ms=_ms(points.get("worker_start"), job.enqueued_at),
         ttft_ms=_ms(first, job.received_at),
         total_ms=_ms(now, job.received_at),
-        finish_reason=finish_reason, status=status, created_at=now,
+        finish_reason=finish_reason,
+        status=status,
+        created_at=now,
     )
     messages = [
-        task_message(PERSIST_USAGE_TASK, {"usage": usage.model_dump()}, queue=BULK_QUEUE,
-                     origin=ctx.name),
+        task_message(
+            PERSIST_USAGE_TASK, {"usage": usage.model_dump()}, queue=BULK_QUEUE, origin=ctx.name
+        ),
     ]
     if ctx.settings.store_text and status == "ok":
         record = MessagesRecord(
-            request_id=job.job_id, tenant_id=job.tenant_id, messages=job.messages,
-            answer=answer, model=model, created_at=now,
+            request_id=job.job_id,
+            tenant_id=job.tenant_id,
+            messages=job.messages,
+            answer=answer,
+            model=model,
+            created_at=now,
         )
-        messages.append(task_message(
-            PERSIST_MESSAGES_TASK, {"messages": record.model_dump()}, queue=BULK_QUEUE,
-            origin=ctx.name,
-        ))
+        messages.append(
+            task_message(
+                PERSIST_MESSAGES_TASK,
+                {"messages": record.model_dump()},
+                queue=BULK_QUEUE,
+                origin=ctx.name,
+            )
+        )
     try:
         await ctx.redis.lpush(ctx.keys.queue_list(BULK_QUEUE), *messages)
     except Exception:  # noqa: BLE001

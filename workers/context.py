@@ -54,7 +54,7 @@ class WorkerContext:
             except asyncio.CancelledError:
                 await pubsub.aclose()
                 raise
-            except Exception:  # noqa: BLE001 - Redis blips: keep listening
+            except Exception:
                 log.warning("cancel listener lost Redis; retrying", exc_info=True)
                 await asyncio.sleep(0.5)
                 continue
@@ -75,7 +75,7 @@ class WorkerContext:
                     await pipe.execute()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.warning("heartbeat failed", exc_info=True)
             await asyncio.sleep(self.settings.worker_heartbeat_s)
 
@@ -124,7 +124,9 @@ async def get_context() -> WorkerContext:
                 # Blocking pool: a burst waits for a connection instead of failing.
                 redis=aioredis.Redis(
                     connection_pool=aioredis.BlockingConnectionPool.from_url(
-                        settings.redis_url, decode_responses=True, max_connections=256,
+                        settings.redis_url,
+                        decode_responses=True,
+                        max_connections=256,
                         timeout=5,
                     )
                 ),

@@ -45,9 +45,7 @@ DURABLE_TASK_OPTIONS: dict[str, Any] = {
 }
 
 
-async def _write(
-    write: Callable[[AsyncSession, R], Awaitable[T]], record: R, request_id: str
-) -> T:
+async def _write(write: Callable[[AsyncSession, R], Awaitable[T]], record: R, request_id: str) -> T:
     try:
         async with database.sessionmaker().begin() as session:
             return await write(session, record)
@@ -65,7 +63,7 @@ def _note_retry(task: Task, request_id: str) -> None:
         log.warning("database unavailable; %s for %s will be retried", task.name, request_id)
 
 
-@app.task(name=PERSIST_USAGE_TASK, **DURABLE_TASK_OPTIONS)  # type: ignore[untyped-decorator]
+@app.task(name=PERSIST_USAGE_TASK, **DURABLE_TASK_OPTIONS)
 def persist_usage(self: Task, usage: dict[str, Any]) -> bool:
     """Write one usage row; True when it was new."""
     record = UsageRecord.model_validate(usage)
@@ -76,7 +74,7 @@ def persist_usage(self: Task, usage: dict[str, Any]) -> bool:
         raise
 
 
-@app.task(name=PERSIST_MESSAGES_TASK, **DURABLE_TASK_OPTIONS)  # type: ignore[untyped-decorator]
+@app.task(name=PERSIST_MESSAGES_TASK, **DURABLE_TASK_OPTIONS)
 def persist_messages(self: Task, messages: dict[str, Any]) -> int:
     """Write one turn's messages; returns how many rows were new."""
     record = MessagesRecord.model_validate(messages)

@@ -13,8 +13,14 @@ class JobPublisher:
     round trip, so a gap or a reconnect can be repaired from the stream."""
 
     def __init__(
-        self, redis: aioredis.Redis, keys: Keys, job_id: str, chat_id: str, *,
-        replay_maxlen: int, replay_ttl_s: int,
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        job_id: str,
+        chat_id: str,
+        *,
+        replay_maxlen: int,
+        replay_ttl_s: int,
     ) -> None:
         self._redis = redis
         self._channel = keys.job_channel(job_id)

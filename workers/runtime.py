@@ -58,6 +58,7 @@ class LoopRunner:
         if loop is None:
             return
         if cleanup is not None:
+
             async def _cleanup() -> None:
                 await cleanup
 

@@ -66,7 +66,9 @@ def upgrade() -> None:
         sa.Column("created_at", TZ, nullable=False),
         sa.Column("revoked_at", TZ, nullable=True),
         sa.ForeignKeyConstraint(
-            ["tenant_id"], ["tenants.id"], name="fk_api_keys_tenant_id_tenants",
+            ["tenant_id"],
+            ["tenants.id"],
+            name="fk_api_keys_tenant_id_tenants",
             ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("id", name="pk_api_keys"),
@@ -82,9 +84,7 @@ def upgrade() -> None:
         sa.Column("summary", sa.Text(), nullable=True),
         sa.PrimaryKeyConstraint("id", name="pk_conversations"),
     )
-    op.create_index(
-        "ix_conversations_tenant_updated", "conversations", ["tenant_id", "updated_at"]
-    )
+    op.create_index("ix_conversations_tenant_updated", "conversations", ["tenant_id", "updated_at"])
     op.create_table(
         "messages",
         sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),

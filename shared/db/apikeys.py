@@ -58,35 +58,47 @@ async def create_tenant_and_key(
     INSERT ... ON CONFLICT DO NOTHING, so two processes starting at once do not collide.
     """
     await insert_ignore(
-        session, _TENANTS,
-        [{"id": uuid.uuid4().hex, "name": tenant_name, "created_at": utcnow()}], ["name"],
+        session,
+        _TENANTS,
+        [{"id": uuid.uuid4().hex, "name": tenant_name, "created_at": utcnow()}],
+        ["name"],
     )
-    tenant_id = (await session.execute(
-        select(Tenant.id).where(Tenant.name == tenant_name)
-    )).scalar_one()
+    tenant_id = (
+        await session.execute(select(Tenant.id).where(Tenant.name == tenant_name))
+    ).scalar_one()
     key = key if key is not None else generate_key()
     key_hash = hash_key(key)
     row = {
-        "id": uuid.uuid4().hex, "tenant_id": tenant_id, "key_hash": key_hash,
-        "prefix": display_prefix(key), "scope": scope, "created_at": utcnow(),
+        "id": uuid.uuid4().hex,
+        "tenant_id": tenant_id,
+        "key_hash": key_hash,
+        "prefix": display_prefix(key),
+        "scope": scope,
+        "created_at": utcnow(),
     }
     await insert_ignore(session, _API_KEYS, [row], ["key_hash"])
-    key_tenant, key_id = (await session.execute(
-        select(ApiKey.tenant_id, ApiKey.id).where(ApiKey.key_hash == key_hash)
-    )).one()
+    key_tenant, key_id = (
+        await session.execute(
+            select(ApiKey.tenant_id, ApiKey.id).where(ApiKey.key_hash == key_hash)
+        )
+    ).one()
     return key_tenant, key_id, key
 
 
 async def lookup_key(session: AsyncSession, key_hash: str) -> KeyInfo | None:
     """The key with this hash, revoked or not; None when no such key exists."""
-    row = (await session.execute(
-        select(ApiKey.tenant_id, ApiKey.id, ApiKey.scope, ApiKey.revoked_at)
-        .where(ApiKey.key_hash == key_hash)
-    )).one_or_none()
+    row = (
+        await session.execute(
+            select(ApiKey.tenant_id, ApiKey.id, ApiKey.scope, ApiKey.revoked_at).where(
+                ApiKey.key_hash == key_hash
+            )
+        )
+    ).one_or_none()
     if row is None:
         return None
-    return KeyInfo(tenant_id=row.tenant_id, key_id=row.id, scope=row.scope,
-                   revoked=row.revoked_at is not None)
+    return KeyInfo(
+        tenant_id=row.tenant_id, key_id=row.id, scope=row.scope, revoked=row.revoked_at is not None
+    )
 
 
 async def revoke_key(session: AsyncSession, key_id: str) -> bool:

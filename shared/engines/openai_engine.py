@@ -52,7 +52,8 @@ class OpenAIEngine:
         )
         # Retries belong to the caller: a retried chat would double its time to first token.
         self._client = AsyncOpenAI(
-            base_url=settings.engine_url, api_key=settings.engine_api_key,
+            base_url=settings.engine_url,
+            api_key=settings.engine_api_key,
             max_retries=0,
             # openai>=3 speaks httpx2 natively but still accepts an httpx client; httpx is
             # what this project depends on, and works with every openai version we allow.

@@ -37,13 +37,68 @@ ITL_SLOWDOWN_PER_SEQ = 0.002
 TOKENS_PER_MESSAGE = 4
 
 VOCABULARY: tuple[str, ...] = (
-    "lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed",
-    "do", "eiusmod", "tempor", "incididunt", "ut", "labore", "et", "dolore", "magna",
-    "aliqua", "enim", "ad", "minim", "veniam", "quis", "nostrud", "exercitation", "ullamco",
-    "laboris", "nisi", "aliquip", "ex", "ea", "commodo", "consequat", "duis", "aute", "irure",
-    "in", "reprehenderit", "voluptate", "velit", "esse", "cillum", "fugiat", "nulla",
-    "pariatur", "excepteur", "sint", "occaecat", "cupidatat", "non", "proident", "sunt",
-    "culpa", "qui", "officia", "deserunt", "mollit", "anim", "id", "est", "laborum",
+    "lorem",
+    "ipsum",
+    "dolor",
+    "sit",
+    "amet",
+    "consectetur",
+    "adipiscing",
+    "elit",
+    "sed",
+    "do",
+    "eiusmod",
+    "tempor",
+    "incididunt",
+    "ut",
+    "labore",
+    "et",
+    "dolore",
+    "magna",
+    "aliqua",
+    "enim",
+    "ad",
+    "minim",
+    "veniam",
+    "quis",
+    "nostrud",
+    "exercitation",
+    "ullamco",
+    "laboris",
+    "nisi",
+    "aliquip",
+    "ex",
+    "ea",
+    "commodo",
+    "consequat",
+    "duis",
+    "aute",
+    "irure",
+    "in",
+    "reprehenderit",
+    "voluptate",
+    "velit",
+    "esse",
+    "cillum",
+    "fugiat",
+    "nulla",
+    "pariatur",
+    "excepteur",
+    "sint",
+    "occaecat",
+    "cupidatat",
+    "non",
+    "proident",
+    "sunt",
+    "culpa",
+    "qui",
+    "officia",
+    "deserunt",
+    "mollit",
+    "anim",
+    "id",
+    "est",
+    "laborum",
 )
 
 
@@ -151,9 +206,10 @@ class SimEngine:
             try:
                 loop = asyncio.get_running_loop()
                 opts = self.options
-                deadline = loop.time() + self._noisy(
-                    opts.ttft_ms + opts.prefill_ms_per_token * prompt_tokens
-                ) / 1000
+                deadline = (
+                    loop.time()
+                    + self._noisy(opts.ttft_ms + opts.prefill_ms_per_token * prompt_tokens) / 1000
+                )
                 last = len(tokens) - 1
                 for i, token in enumerate(tokens):
                     if not await self._sleep_until(state, deadline):

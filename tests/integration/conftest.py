@@ -135,8 +135,18 @@ class Stack:
         self.settings.update(engine="openai", engine_url=f"http://127.0.0.1:{self.sim_port}/v1")
 
     def start_worker(self, name: str, queues: str = "chat") -> Proc:
-        return self.start(name, ["-m", "firsttoken", "worker", "--queues", queues,
-                                 "--name", f"{name}-{self.prefix}@%h"])
+        return self.start(
+            name,
+            [
+                "-m",
+                "firsttoken",
+                "worker",
+                "--queues",
+                queues,
+                "--name",
+                f"{name}-{self.prefix}@%h",
+            ],
+        )
 
     def start_gateway(self) -> None:
         self.gateway_port = free_port()
@@ -166,7 +176,7 @@ class Stack:
 
 
 def _migrate_and_key(database_url: str) -> str:
-    from shared.db.apikeys import create_tenant_and_key, generate_key
+    from shared.db.apikeys import create_tenant_and_key
     from shared.db.migrate import upgrade
     from shared.db.session import make_engine, make_sessionmaker
 
@@ -193,9 +203,15 @@ def migrated(services: Services) -> str:
 
 @contextmanager
 def make_stack(
-    services: Services, api_key: str, logs: Path, *, workers: int = 1, bulk: bool = True,
+    services: Services,
+    api_key: str,
+    logs: Path,
+    *,
+    workers: int = 1,
+    bulk: bool = True,
     sim_args: tuple[str, ...] = ("--ttft-ms", "20", "--itl-ms", "5", "--max-tokens", "32"),
-    gateway: bool = True, **settings: str,
+    gateway: bool = True,
+    **settings: str,
 ) -> Iterator[Stack]:
     stack = Stack(services, f"fttest{uuid.uuid4().hex[:8]}", logs, {**STACK_SETTINGS, **settings})
     stack.api_key = api_key
@@ -217,7 +233,9 @@ def make_stack(
 
 
 @pytest.fixture(scope="session")
-def stack(services: Services, migrated: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(
+    services: Services, migrated: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     """The shared stack: sim-server behind the openai engine, 1 chat + 1 bulk worker, a gateway."""
     with make_stack(services, migrated, tmp_path_factory.mktemp("logs")) as s:
         s.wait_ready()
@@ -235,8 +253,14 @@ class Client:
         await self.ws.send(frame if isinstance(frame, str) else json.dumps(frame))
 
     async def chat(self, chat_id: str, text: str = "hello", **extra: Any) -> None:
-        await self.send({"type": "chat", "id": chat_id,
-                         "messages": [{"role": "user", "content": text}], **extra})
+        await self.send(
+            {
+                "type": "chat",
+                "id": chat_id,
+                "messages": [{"role": "user", "content": text}],
+                **extra,
+            }
+        )
 
     async def next_for(self, chat_id: str | None, timeout: float = 10.0) -> dict[str, Any]:
         """The next frame for one chat (frames for other chats are kept for later)."""
@@ -252,7 +276,9 @@ class Client:
             frame = json.loads(raw)
             self.frames.setdefault(frame.get("id"), []).append(frame)
 
-    async def until_end(self, chat_id: str, timeout: float = 15.0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    async def until_end(
+        self, chat_id: str, timeout: float = 15.0
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """All frames of a chat up to its `done` or `error`; returns (tokens, last frame)."""
         tokens = []
         deadline = time.monotonic() + timeout

@@ -28,8 +28,9 @@ DAY = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-                 ) -> Iterator[str]:
+def database_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     """A freshly migrated database of each kind (migrated synchronously, outside any loop)."""
     if request.param == "sqlite":
         # A directory that does not exist yet: make_engine must create it.
@@ -40,8 +41,10 @@ def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         yield url
         return
     if not postgres_available():
-        pytest.skip("PostgreSQL not reachable at FIRSTTOKEN_TEST_POSTGRES_URL "
-                    "(default postgresql://postgres@127.0.0.1:5432/postgres)")
+        pytest.skip(
+            "PostgreSQL not reachable at FIRSTTOKEN_TEST_POSTGRES_URL "
+            "(default postgresql://postgres@127.0.0.1:5432/postgres)"
+        )
     with postgres_database() as url:
         upgrade(url)
         upgrade(url)  # a second run at head is a no-op
@@ -62,9 +65,17 @@ def sessions(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
 
 def usage(request_id: str, **over: object) -> UsageRecord:
     values: dict[str, object] = {
-        "request_id": request_id, "tenant_id": "t-usage", "key_id": "k1", "model": "sim",
-        "prompt_tokens": 10, "completion_tokens": 20, "ttft_ms": 30.0, "total_ms": 100.0,
-        "finish_reason": "stop", "status": "ok", "created_at": DAY + 3600,
+        "request_id": request_id,
+        "tenant_id": "t-usage",
+        "key_id": "k1",
+        "model": "sim",
+        "prompt_tokens": 10,
+        "completion_tokens": 20,
+        "ttft_ms": 30.0,
+        "total_ms": 100.0,
+        "finish_reason": "stop",
+        "status": "ok",
+        "created_at": DAY + 3600,
     }
     values.update(over)
     return UsageRecord.model_validate(values)
@@ -98,9 +109,11 @@ async def test_insert_usage_is_idempotent(sessions: async_sessionmaker[AsyncSess
     async with sessions.begin() as s:
         assert await insert_usage(s, record.model_copy(update={"model": "other"})) is False
     async with sessions() as s:
-        rows = (await s.execute(
-            select(UsageEvent).where(UsageEvent.request_id == "req-idem")
-        )).scalars().all()
+        rows = (
+            (await s.execute(select(UsageEvent).where(UsageEvent.request_id == "req-idem")))
+            .scalars()
+            .all()
+        )
     assert len(rows) == 1
     assert rows[0].model == "sim" and rows[0].completion_tokens == 20
 
@@ -110,10 +123,24 @@ async def test_usage_daily_rolls_up(sessions: async_sessionmaker[AsyncSession]) 
     tenant = f"t-daily-{time.monotonic_ns()}"
     records = [
         usage("d1", tenant_id=tenant, ttft_ms=10.0, total_ms=100.0),
-        usage("d2", tenant_id=tenant, cached=True, ttft_ms=30.0, total_ms=300.0,
-              prompt_tokens=5, completion_tokens=0),
-        usage("d3", tenant_id=tenant, status="error", ttft_ms=None, total_ms=None,
-              finish_reason="error", created_at=DAY + 86_399),
+        usage(
+            "d2",
+            tenant_id=tenant,
+            cached=True,
+            ttft_ms=30.0,
+            total_ms=300.0,
+            prompt_tokens=5,
+            completion_tokens=0,
+        ),
+        usage(
+            "d3",
+            tenant_id=tenant,
+            status="error",
+            ttft_ms=None,
+            total_ms=None,
+            finish_reason="error",
+            created_at=DAY + 86_399,
+        ),
         usage("d4", tenant_id=tenant, status="cancelled", created_at=DAY + 86_400 + 5),
     ]
     records = [r.model_copy(update={"request_id": f"{tenant}-{r.request_id}"}) for r in records]
@@ -121,11 +148,17 @@ async def test_usage_daily_rolls_up(sessions: async_sessionmaker[AsyncSession]) 
         for r in records:
             await insert_usage(s, r)
     async with sessions() as s:
-        rows = (await s.execute(text(
-            "SELECT day, model, requests, cached_requests, prompt_tokens, completion_tokens,"
-            " avg_ttft_ms, avg_total_ms, errors FROM usage_daily WHERE tenant_id = :t"
-            " ORDER BY day"
-        ), {"t": tenant})).all()
+        rows = (
+            await s.execute(
+                text(
+                    "SELECT day, model, requests, cached_requests, prompt_tokens, "
+                    "completion_tokens,"
+                    " avg_ttft_ms, avg_total_ms, errors FROM usage_daily WHERE tenant_id = :t"
+                    " ORDER BY day"
+                ),
+                {"t": tenant},
+            )
+        ).all()
     assert [str(r.day) for r in rows] == ["2026-01-01", "2026-01-02"]
     first, second = rows
     assert (first.model, first.requests, first.cached_requests) == ("sim", 3, 1)
@@ -139,24 +172,33 @@ async def test_usage_daily_rolls_up(sessions: async_sessionmaker[AsyncSession]) 
 async def test_insert_messages_is_idempotent(sessions: async_sessionmaker[AsyncSession]) -> None:
     """A turn is stored as prompt messages plus the answer, once, however often it is written."""
     record = MessagesRecord(
-        request_id=f"m-{time.monotonic_ns()}", tenant_id="t-msg", conversation_id="conv-1",
+        request_id=f"m-{time.monotonic_ns()}",
+        tenant_id="t-msg",
+        conversation_id="conv-1",
         messages=[Message(role="system", content="be brief"), Message(role="user", content="hi")],
-        answer="hello", model="sim", created_at=DAY,
+        answer="hello",
+        model="sim",
+        created_at=DAY,
     )
     async with sessions.begin() as s:
         assert await insert_messages(s, record) == 3
     async with sessions.begin() as s:
         assert await insert_messages(s, record) == 0
     async with sessions() as s:
-        rows = (await s.execute(
-            select(MessageRow.role, MessageRow.content, MessageRow.model)
-            .where(MessageRow.request_id == record.request_id).order_by(MessageRow.position)
-        )).all()
-        conversations = (await s.execute(
-            text("SELECT count(*) FROM conversations WHERE id = 'conv-1'")
-        )).scalar()
+        rows = (
+            await s.execute(
+                select(MessageRow.role, MessageRow.content, MessageRow.model)
+                .where(MessageRow.request_id == record.request_id)
+                .order_by(MessageRow.position)
+            )
+        ).all()
+        conversations = (
+            await s.execute(text("SELECT count(*) FROM conversations WHERE id = 'conv-1'"))
+        ).scalar()
     assert [tuple(r) for r in rows] == [
-        ("system", "be brief", None), ("user", "hi", None), ("assistant", "hello", "sim"),
+        ("system", "be brief", None),
+        ("user", "hi", None),
+        ("assistant", "hello", "sim"),
     ]
     assert conversations == 1
 
@@ -175,12 +217,12 @@ async def test_create_tenant_and_key_is_idempotent(
         tenant_id, key_id, key = await create_tenant_and_key(s, name)  # a second, generated key
     assert tenant_id == first[0] and key_id != first[1] and key.startswith("ft-")
     async with sessions() as s:
-        tenants = (await s.execute(
-            text("SELECT count(*) FROM tenants WHERE name = :n"), {"n": name}
-        )).scalar()
-        prefix = (await s.execute(
-            text("SELECT prefix FROM api_keys WHERE id = :i"), {"i": first[1]}
-        )).scalar()
+        tenants = (
+            await s.execute(text("SELECT count(*) FROM tenants WHERE name = :n"), {"n": name})
+        ).scalar()
+        prefix = (
+            await s.execute(text("SELECT prefix FROM api_keys WHERE id = :i"), {"i": first[1]})
+        ).scalar()
     assert tenants == 1
     assert prefix == "ft-dev-k"
 
@@ -196,7 +238,10 @@ async def test_lookup_and_revoke(sessions: async_sessionmaker[AsyncSession]) -> 
         assert await lookup_key(s, hash_key(key + "nope")) is None
     assert info is not None
     assert (info.tenant_id, info.key_id, info.scope, info.revoked) == (
-        tenant_id, key_id, "admin", False
+        tenant_id,
+        key_id,
+        "admin",
+        False,
     )
     async with sessions.begin() as s:
         assert await revoke_key(s, key_id) is True

@@ -33,8 +33,15 @@ async def test_vanished_worker_means_timeout_within_the_queue_deadline(
     services: Services, migrated: str, tmp_path: Path, connect: Any
 ) -> None:
     """A worker that still looks alive but takes nothing: `timeout` within queue_deadline_s."""
-    with make_stack(services, migrated, tmp_path, workers=0, bulk=False,
-                    queue_deadline_s="1.5", worker_heartbeat_s="30") as stack:
+    with make_stack(
+        services,
+        migrated,
+        tmp_path,
+        workers=0,
+        bulk=False,
+        queue_deadline_s="1.5",
+        worker_heartbeat_s="30",
+    ) as stack:
         keys = Keys(stack.prefix)
         stack.redis().zadd(keys.worker_heartbeats(CHAT_QUEUE), {"ghost": time.time()})
         client = await connect(stack)
@@ -52,8 +59,13 @@ async def test_worker_killed_mid_stream_gives_engine_error_and_the_gateway_stays
 ) -> None:
     """SIGKILL the chat worker mid-answer: `engine_error` within the idle deadline; a new
     worker then serves new chats through the same gateway."""
-    with make_stack(services, migrated, tmp_path, bulk=False,
-                    sim_args=("--ttft-ms", "20", "--itl-ms", "100", "--max-tokens", "64")) as stack:
+    with make_stack(
+        services,
+        migrated,
+        tmp_path,
+        bulk=False,
+        sim_args=("--ttft-ms", "20", "--itl-ms", "100", "--max-tokens", "64"),
+    ) as stack:
         stack.wait_ready()
         client = await connect(stack)
         await client.chat("k", max_tokens=64)

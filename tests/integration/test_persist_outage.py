@@ -128,9 +128,17 @@ class TcpProxy:
 
 def usage_payload(request_id: str) -> dict[str, object]:
     return {
-        "request_id": request_id, "tenant_id": "t-outage", "key_id": "k-outage", "model": "sim",
-        "prompt_tokens": 3, "completion_tokens": 7, "ttft_ms": 12.5, "total_ms": 40.0,
-        "finish_reason": "stop", "status": "ok", "created_at": time.time(),
+        "request_id": request_id,
+        "tenant_id": "t-outage",
+        "key_id": "k-outage",
+        "model": "sim",
+        "prompt_tokens": 3,
+        "completion_tokens": 7,
+        "ttft_ms": 12.5,
+        "total_ms": 40.0,
+        "finish_reason": "stop",
+        "status": "ok",
+        "created_at": time.time(),
     }
 
 
@@ -141,9 +149,11 @@ def count_rows(url: str) -> tuple[int, int, int]:
         engine = make_engine(url)
         try:
             async with engine.connect() as conn:
-                usage = (await conn.execute(text(
-                    "SELECT count(*), count(DISTINCT request_id) FROM usage_events"
-                ))).one()
+                usage = (
+                    await conn.execute(
+                        text("SELECT count(*), count(DISTINCT request_id) FROM usage_events")
+                    )
+                ).one()
                 messages = (await conn.execute(text("SELECT count(*) FROM messages"))).scalar()
             return int(usage[0]), int(usage[1]), int(messages or 0)
         finally:
@@ -166,13 +176,13 @@ def redis_prefix() -> Iterator[str]:
 
 
 @pytest.mark.parametrize("mode", ["refuse", "drop"])
-def test_usage_rows_survive_database_outage(
-    mode: str, redis_prefix: str, tmp_path: Path
-) -> None:
+def test_usage_rows_survive_database_outage(mode: str, redis_prefix: str, tmp_path: Path) -> None:
     """Tasks queued while PostgreSQL is down are retried; once it is back each row lands once."""
     if not postgres_available():
-        pytest.skip("PostgreSQL not reachable at FIRSTTOKEN_TEST_POSTGRES_URL "
-                    "(default postgresql://postgres@127.0.0.1:5432/postgres)")
+        pytest.skip(
+            "PostgreSQL not reachable at FIRSTTOKEN_TEST_POSTGRES_URL "
+            "(default postgresql://postgres@127.0.0.1:5432/postgres)"
+        )
     queue = Keys(redis_prefix).queue_list(BULK_QUEUE)
     broker = redis.Redis.from_url(REDIS_URL)
 
@@ -185,14 +195,33 @@ def test_usage_rows_survive_database_outage(
         proxy = TcpProxy((db.host or "127.0.0.1", db.port or 5432))
         proxied_url = db.set(port=proxy.port).render_as_string(hide_password=False)
         env = child_env(
-            redis_url=REDIS_URL, redis_prefix=redis_prefix, database_url=proxied_url,
+            redis_url=REDIS_URL,
+            redis_prefix=redis_prefix,
+            database_url=proxied_url,
             persist_retry_backoff_max_s="1",
         )
-        worker = Proc(python_cmd(
-            "-m", "celery", "-A", "workers.app", "worker", "-Q", BULK_QUEUE, "-P", "threads",
-            "-c", "4", "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "-l", "warning",
-        ), env, tmp_path / "worker.log")
+        worker = Proc(
+            python_cmd(
+                "-m",
+                "celery",
+                "-A",
+                "workers.app",
+                "worker",
+                "-Q",
+                BULK_QUEUE,
+                "-P",
+                "threads",
+                "-c",
+                "4",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-l",
+                "warning",
+            ),
+            env,
+            tmp_path / "worker.log",
+        )
         try:
             # Warm up: rows land while the database is up, leaving pooled connections behind
             # that the outage will kill.
@@ -208,16 +237,23 @@ def test_usage_rows_survive_database_outage(
             for rid in [*down[:5], *warm[:2]]:  # redeliveries of rows pending and landed
                 enqueue(PERSIST_USAGE_TASK, {"usage": usage_payload(rid)})
             turn = {
-                "request_id": "down-0", "tenant_id": "t-outage", "conversation_id": None,
-                "messages": [{"role": "user", "content": "hi"}], "answer": "hello",
-                "model": "sim", "created_at": time.time(),
+                "request_id": "down-0",
+                "tenant_id": "t-outage",
+                "conversation_id": None,
+                "messages": [{"role": "user", "content": "hi"}],
+                "answer": "hello",
+                "model": "sim",
+                "created_at": time.time(),
             }
             enqueue(PERSIST_MESSAGES_TASK, {"messages": turn})
             enqueue(PERSIST_MESSAGES_TASK, {"messages": turn})
 
             # The worker tries, fails and keeps the tasks for later; nothing lands meanwhile.
-            wait_until(lambda: "will be retried" in worker.output(), timeout=20,
-                       what="the worker to hit the outage")
+            wait_until(
+                lambda: "will be retried" in worker.output(),
+                timeout=20,
+                what="the worker to hit the outage",
+            )
             if mode == "drop":
                 assert proxy.dropped > 0
             time.sleep(2)
@@ -225,8 +261,11 @@ def test_usage_rows_survive_database_outage(
             assert worker.alive(), worker.output()
 
             proxy.up()
-            wait_until(lambda: count_rows(direct_url) == (3 + N, 3 + N, 2), timeout=30,
-                       what=f"all rows after the outage (worker log: {worker.log_path})")
+            wait_until(
+                lambda: count_rows(direct_url) == (3 + N, 3 + N, 2),
+                timeout=30,
+                what=f"all rows after the outage (worker log: {worker.log_path})",
+            )
             time.sleep(1.5)  # any straggling duplicate would have landed by now
             assert count_rows(direct_url) == (3 + N, 3 + N, 2)
         finally:

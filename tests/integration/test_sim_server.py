@@ -67,9 +67,7 @@ async def test_stream_matches_non_stream_with_usage(server: str) -> None:
     """Streaming gives the role chunk first, the same text as non-streaming, and usage last."""
     async with openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="x", max_retries=0) as client:
         full = await client.chat.completions.create(model="sim", messages=MESSAGES)
-        stream = await client.chat.completions.create(
-            model="sim", messages=MESSAGES, stream=True
-        )
+        stream = await client.chat.completions.create(model="sim", messages=MESSAGES, stream=True)
         chunks = [chunk async for chunk in stream]
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -87,7 +85,10 @@ async def test_include_usage_and_max_tokens(server: str) -> None:
     """With include_usage and a small max_tokens the answer stops at it with "length"."""
     async with openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="x", max_retries=0) as client:
         stream = await client.chat.completions.create(
-            model="sim", messages=MESSAGES, stream=True, max_tokens=3,
+            model="sim",
+            messages=MESSAGES,
+            stream=True,
+            max_tokens=3,
             stream_options={"include_usage": True},
         )
         chunks = [chunk async for chunk in stream]
@@ -120,9 +121,7 @@ async def test_client_disconnect_counts_as_abort(server: str) -> None:
     """Closing the connection mid-stream counts an abort on the server and frees the slot."""
     before = await metrics(server)
     async with openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="x", max_retries=0) as client:
-        stream = await client.chat.completions.create(
-            model="sim", messages=MESSAGES, stream=True
-        )
+        stream = await client.chat.completions.create(model="sim", messages=MESSAGES, stream=True)
         got = 0
         async for chunk in stream:
             got += bool(chunk.choices and chunk.choices[0].delta.content)

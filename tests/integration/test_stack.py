@@ -26,9 +26,13 @@ async def _usage(database_url: str, request_id: str, timeout: float = 15.0) -> l
         deadline = time.monotonic() + timeout
         while True:
             async with make_sessionmaker(engine)() as session:
-                rows = list((await session.execute(
-                    select(UsageEvent).where(UsageEvent.request_id == request_id)
-                )).scalars())
+                rows = list(
+                    (
+                        await session.execute(
+                            select(UsageEvent).where(UsageEvent.request_id == request_id)
+                        )
+                    ).scalars()
+                )
             if rows or time.monotonic() > deadline:
                 return rows
             await asyncio.sleep(0.2)
@@ -36,7 +40,9 @@ async def _usage(database_url: str, request_id: str, timeout: float = 15.0) -> l
         await engine.dispose()
 
 
-async def test_chat_streams_tokens_in_order_and_done_reports_usage_and_timings(connect: Any) -> None:
+async def test_chat_streams_tokens_in_order_and_done_reports_usage_and_timings(
+    connect: Any,
+) -> None:
     """A chat gets `accepted`, tokens with seq 0..n-1, and a complete `done` frame."""
     client = await connect()
     await client.chat("c1", "what is firsttoken?")
@@ -86,10 +92,16 @@ async def test_one_connection_runs_several_chats_at_once(connect: Any) -> None:
         ('{"type": "chat", "id": "x"}', "messages"),
         ('{"type": "chat", "id": "x", "messages": "hi"}', "messages"),
         ('{"type": "chat", "id": "x", "messages": [{"role": "user", "content": 5}]}', "content"),
-        ('{"type": "chat", "id": "x", "messages": [{"role": "user", "content": "a"}], '
-         '"max_tokens": "many"}', "max_tokens"),
-        ('{"type": "chat", "id": "x", "messages": [{"role": "user", "content": "a"}], '
-         '"max_tokens": 999999}', "max_tokens"),
+        (
+            '{"type": "chat", "id": "x", "messages": [{"role": "user", "content": "a"}], '
+            '"max_tokens": "many"}',
+            "max_tokens",
+        ),
+        (
+            '{"type": "chat", "id": "x", "messages": [{"role": "user", "content": "a"}], '
+            '"max_tokens": 999999}',
+            "max_tokens",
+        ),
         ('{"type": "cancel"}', "id"),
     ],
 )
@@ -142,8 +154,11 @@ async def test_missing_or_wrong_key_is_refused_before_anything_is_enqueued(stack
             frame = json.loads(await asyncio.wait_for(ws.recv(), 5))
             assert frame["type"] == "error" and frame["code"] == "unauthorized"
             with pytest.raises(websockets.ConnectionClosed):
-                await ws.send(json.dumps({"type": "chat", "id": "x",
-                                          "messages": [{"role": "user", "content": "hi"}]}))
+                await ws.send(
+                    json.dumps(
+                        {"type": "chat", "id": "x", "messages": [{"role": "user", "content": "hi"}]}
+                    )
+                )
                 await asyncio.wait_for(ws.recv(), 5)
     assert r.llen(queue) == before
 
@@ -234,7 +249,7 @@ def test_health_ready_and_metrics(stack: Stack) -> None:
 
 
 def test_a_job_past_its_queue_deadline_is_dropped_not_run(stack: Stack) -> None:
-    """A chat task that waited past its deadline is answered `timeout` and never reaches the engine."""
+    """A chat task that waited past its deadline gets `timeout` and never reaches the engine."""
     started = stack.sim_metric("firsttoken_sim_requests_started_total")
     keys = Keys(stack.prefix)
     r = stack.redis()
@@ -243,12 +258,20 @@ def test_a_job_past_its_queue_deadline_is_dropped_not_run(stack: Stack) -> None:
     pubsub.subscribe(keys.job_channel(job_id))
     now = time.time()
     job = ChatJob(
-        job_id=job_id, chat_id="late", tenant_id="t", key_id="k",
+        job_id=job_id,
+        chat_id="late",
+        tenant_id="t",
+        key_id="k",
         messages=[{"role": "user", "content": "too late"}],  # type: ignore[list-item]
-        max_tokens=8, received_at=now - 20, enqueued_at=now - 20, deadline_at=now - 10,
+        max_tokens=8,
+        received_at=now - 20,
+        enqueued_at=now - 20,
+        deadline_at=now - 10,
     )
-    r.lpush(keys.queue_list(CHAT_QUEUE),
-            task_message(CHAT_TASK, {"job": job.model_dump()}, queue=CHAT_QUEUE, task_id=job_id))
+    r.lpush(
+        keys.queue_list(CHAT_QUEUE),
+        task_message(CHAT_TASK, {"job": job.model_dump()}, queue=CHAT_QUEUE, task_id=job_id),
+    )
     deadline = time.monotonic() + 10
     message = None
     while message is None and time.monotonic() < deadline:

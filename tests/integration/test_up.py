@@ -30,7 +30,10 @@ def test_up_serves_a_chat_on_embedded_defaults_and_stops_cleanly(tmp_path: Path)
     with open(log, "wb") as out:
         up = subprocess.Popen(
             [sys.executable, "-m", "firsttoken", "up", "--port", str(port)],
-            cwd=tmp_path, env=_clean_env(), stdout=out, stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            env=_clean_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     try:
@@ -44,7 +47,11 @@ def test_up_serves_a_chat_on_embedded_defaults_and_stops_cleanly(tmp_path: Path)
         assert (tmp_path / ".firsttoken" / "firsttoken.db").exists()
         chat = subprocess.run(
             [sys.executable, "-m", "firsttoken", "chat", "hello from the test"],
-            cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=30,
+            cwd=tmp_path,
+            env=_clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         assert chat.returncode == 0, chat.stderr
         assert "finish=" in chat.stdout and "ttft_ms=" in chat.stdout

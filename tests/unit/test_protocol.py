@@ -39,8 +39,10 @@ def test_valid_chat_frame_parses_with_defaults() -> None:
         ('{"type":"chat","id":"","messages":[{"role":"user","content":"x"}]}', "id"),
         ('{"type":"chat","id":"a","messages":[{"role":"robot","content":"x"}]}', "role"),
         ('{"type":"chat","id":"a","messages":[{"role":"user","content":"x"}],"extra":1}', "extra"),
-        ('{"type":"chat","id":"a","messages":[{"role":"user","content":"x"}],"temperature":9}',
-         "temperature"),
+        (
+            '{"type":"chat","id":"a","messages":[{"role":"user","content":"x"}],"temperature":9}',
+            "temperature",
+        ),
         ('{"type":"resume","id":"a"}', "job_id"),
     ],
 )

@@ -13,11 +13,21 @@ def tok(seq: int, text: str = "x", chat_id: str = "c") -> str:
 
 
 def done(chunks: int) -> str:
-    return encode_chunk("D", dumps({
-        "type": "done", "id": "c", "cached": False, "model": "m", "finish_reason": "stop",
-        "usage": {"prompt_tokens": 1, "completion_tokens": chunks}, "chunks": chunks,
-        "points": {"enqueued": 100.001, "worker_start": 100.002},
-    }))
+    return encode_chunk(
+        "D",
+        dumps(
+            {
+                "type": "done",
+                "id": "c",
+                "cached": False,
+                "model": "m",
+                "finish_reason": "stop",
+                "usage": {"prompt_tokens": 1, "completion_tokens": chunks},
+                "chunks": chunks,
+                "points": {"enqueued": 100.001, "worker_start": 100.002},
+            }
+        ),
+    )
 
 
 def test_in_order_tokens_are_forwarded_verbatim() -> None:

@@ -45,8 +45,12 @@ def test_bad_values_name_the_variable(
 def test_commands_refuse_to_start_on_bad_settings() -> None:
     """`firsttoken gateway` exits 2 and says which variable is wrong."""
     proc = subprocess.run(
-        [sys.executable, "-m", "firsttoken", "gateway"], cwd=ROOT,
-        env=child_env(port="not-a-port"), capture_output=True, text=True, timeout=30,
+        [sys.executable, "-m", "firsttoken", "gateway"],
+        cwd=ROOT,
+        env=child_env(port="not-a-port"),
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert proc.returncode == 2 and "FIRSTTOKEN_PORT" in proc.stderr
 

@@ -13,21 +13,33 @@ from shared.timing import stage_timings
 
 def test_envelope_is_a_celery_protocol_2_message() -> None:
     """Headers name the task and id; the body is [args, kwargs, embed] as plain JSON."""
-    env = json.loads(task_message("firsttoken.chat", {"job": {"a": 1}}, queue="chat",
-                                  task_id="abc"))
+    env = json.loads(
+        task_message("firsttoken.chat", {"job": {"a": 1}}, queue="chat", task_id="abc")
+    )
     assert env["headers"]["task"] == "firsttoken.chat" and env["headers"]["id"] == "abc"
     assert env["properties"]["delivery_info"]["routing_key"] == "chat"
     assert "body_encoding" not in env["properties"]
     body = Channel.decode_body(None, env["body"], None)  # type: ignore[arg-type]
-    assert json.loads(body) == [[], {"job": {"a": 1}},
-                                {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
+    assert json.loads(body) == [
+        [],
+        {"job": {"a": 1}},
+        {"callbacks": None, "errbacks": None, "chain": None, "chord": None},
+    ]
 
 
 def test_every_key_carries_the_prefix() -> None:
     """Queues, channels and keys all live under one prefix."""
     k = Keys("p1")
-    names = [k.queue_list("chat"), k.job_channel("j"), k.replay_stream("j"), k.cancel_flag("j"),
-             k.cancel_channel, k.api_key("h"), k.worker_heartbeats("chat"), k.job_owner("j")]
+    names = [
+        k.queue_list("chat"),
+        k.job_channel("j"),
+        k.replay_stream("j"),
+        k.cancel_flag("j"),
+        k.cancel_channel,
+        k.api_key("h"),
+        k.worker_heartbeats("chat"),
+        k.job_owner("j"),
+    ]
     assert all(n.startswith("p1:") for n in names)
 
 
