@@ -1,0 +1,3 @@
+from firsttoken.bench.cli import main
+
+raise SystemExit(main())

