@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import math
 import platform
 import sys
@@ -47,85 +48,175 @@ def _csv(kind: type, text: str) -> list[Any]:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--modes", default="stack,direct",
-                   type=lambda s: [m.strip() for m in s.split(",") if m.strip()],
-                   help="comma-separated modes, run back to back at each load point: stack "
-                   "(through firsttoken's websocket gateway), direct (the engine's OpenAI "
-                   "streaming API), naive (blocking request, then a sync DB write and a log "
-                   "line), litellm (the LiteLLM proxy in front of the same engine). "
-                   "Default: %(default)s")
-    p.add_argument("--profile", default="chat-8b", choices=sorted(PROFILES),
-                   help="simulated engine timing: "
-                   + "; ".join(f"{n}: {pr.description}" for n, pr in PROFILES.items()))
-    p.add_argument("--concurrency", default=[50], type=lambda s: _csv(int, s),
-                   help="closed loop: concurrent streams (virtual users sending back to back); "
-                   "a comma-separated list runs each load point in turn. Default: 50")
-    p.add_argument("--rate", default=None, type=lambda s: _csv(float, s),
-                   help="open loop instead: Poisson arrivals per second (comma-separated list "
-                   "for a sweep); --max-in-flight caps requests in flight")
-    p.add_argument("--max-in-flight", type=int, default=2000,
-                   help="open loop: most requests in flight at once (default %(default)s)")
+    p.add_argument(
+        "--modes",
+        default="stack,direct",
+        type=lambda s: [m.strip() for m in s.split(",") if m.strip()],
+        help="comma-separated modes, run back to back at each load point: stack "
+        "(through firsttoken's websocket gateway), direct (the engine's OpenAI "
+        "streaming API), naive (blocking request, then a sync DB write and a log "
+        "line), litellm (the LiteLLM proxy in front of the same engine). "
+        "Default: %(default)s",
+    )
+    p.add_argument(
+        "--profile",
+        default="chat-8b",
+        choices=sorted(PROFILES),
+        help="simulated engine timing: "
+        + "; ".join(f"{n}: {pr.description}" for n, pr in PROFILES.items()),
+    )
+    p.add_argument(
+        "--concurrency",
+        default=[50],
+        type=lambda s: _csv(int, s),
+        help="closed loop: concurrent streams (virtual users sending back to back); "
+        "a comma-separated list runs each load point in turn. Default: 50",
+    )
+    p.add_argument(
+        "--rate",
+        default=None,
+        type=lambda s: _csv(float, s),
+        help="open loop instead: Poisson arrivals per second (comma-separated list "
+        "for a sweep); --max-in-flight caps requests in flight",
+    )
+    p.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=2000,
+        help="open loop: most requests in flight at once (default %(default)s)",
+    )
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--requests", type=int, default=None,
-                   help="requests per run (default: max(100, 4 x concurrency))")
-    g.add_argument("--duration", type=float, default=None,
-                   help="seconds per run instead of a request count")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="runs of every mode at every load point (report medians and spread; "
-                   "use >= 3 for published numbers). Default: %(default)s")
-    p.add_argument("--warmup", type=int, default=10,
-                   help="requests per mode before each measured run, discarded (default %(default)s)")
-    p.add_argument("--repeat-share", type=float, default=0.0,
-                   help="share of prompts that repeat an earlier prompt exactly (default 0)")
-    p.add_argument("--paraphrase-share", type=float, default=0.0,
-                   help="share of prompts that reword an earlier prompt (default 0)")
-    p.add_argument("--cache", choices=("on", "off"), default="off",
-                   help="the chat frame's cache flag in stack mode (default off: every request "
-                   "reaches the engine, so the modes are comparable)")
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help="max_tokens per request (default: the profile's answer length)")
-    p.add_argument("--workers", type=int, default=2,
-                   help="chat worker processes of the started stack (default %(default)s)")
-    p.add_argument("--worker-concurrency", type=int, default=1024,
-                   help="concurrent chats per chat worker process (default %(default)s)")
-    p.add_argument("--connections", type=int, default=None,
-                   help="stack mode: websocket connections (default: one per stream in a closed "
-                   "loop, 64 in an open loop; each carries up to 64 chats)")
-    p.add_argument("--url", default=None,
-                   help="use a running gateway (ws://HOST:PORT/v1/ws) instead of starting a stack")
+    g.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="requests per run (default: max(100, 4 x concurrency))",
+    )
+    g.add_argument(
+        "--duration", type=float, default=None, help="seconds per run instead of a request count"
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of every mode at every load point (report medians and spread; "
+        "use >= 3 for published numbers). Default: %(default)s",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=10,
+        help="requests per mode before each measured run, discarded (default %(default)s)",
+    )
+    p.add_argument(
+        "--repeat-share",
+        type=float,
+        default=0.0,
+        help="share of prompts that repeat an earlier prompt exactly (default 0)",
+    )
+    p.add_argument(
+        "--paraphrase-share",
+        type=float,
+        default=0.0,
+        help="share of prompts that reword an earlier prompt (default 0)",
+    )
+    p.add_argument(
+        "--cache",
+        choices=("on", "off"),
+        default="off",
+        help="the chat frame's cache flag in stack mode (default off: every request "
+        "reaches the engine, so the modes are comparable)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="max_tokens per request (default: the profile's answer length)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="chat worker processes of the started stack (default %(default)s)",
+    )
+    p.add_argument(
+        "--worker-concurrency",
+        type=int,
+        default=1024,
+        help="concurrent chats per chat worker process (default %(default)s)",
+    )
+    p.add_argument(
+        "--connections",
+        type=int,
+        default=None,
+        help="stack mode: websocket connections (default: one per stream in a closed "
+        "loop, 64 in an open loop; each carries up to 64 chats)",
+    )
+    p.add_argument(
+        "--url",
+        default=None,
+        help="use a running gateway (ws://HOST:PORT/v1/ws) instead of starting a stack",
+    )
     p.add_argument("--api-key", default=None, help="API key for --url")
-    p.add_argument("--engine-url", default=None,
-                   help="use a running OpenAI-compatible engine (http://HOST:PORT/v1) instead of "
-                   "starting the simulator; the profile is then only a label")
+    p.add_argument(
+        "--engine-url",
+        default=None,
+        help="use a running OpenAI-compatible engine (http://HOST:PORT/v1) instead of "
+        "starting the simulator; the profile is then only a label",
+    )
     p.add_argument("--engine-model", default="sim", help="model name at the engine (default sim)")
-    p.add_argument("--timeout", type=float, default=120.0,
-                   help="per-request client timeout, seconds (default %(default)s)")
-    p.add_argument("--overhead-limit-ms", type=float, default=50.0,
-                   help="open-loop sweeps: the p99 added TTFT a rate may have to count as "
-                   "sustainable (default %(default)s)")
-    p.add_argument("--json", type=Path, default=None, dest="json_out",
-                   help="write the summaries, medians, added times and settings as JSON here")
-    p.add_argument("--plot", type=Path, default=None,
-                   help="write a PNG (TTFT CDF and tokens/s over time, first repeat) here; "
-                   "needs matplotlib (the 'bench' extra; installed on demand)")
-    p.add_argument("--keep-results", action="store_true",
-                   help="include every request's result in the JSON")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="per-request client timeout, seconds (default %(default)s)",
+    )
+    p.add_argument(
+        "--overhead-limit-ms",
+        type=float,
+        default=50.0,
+        help="open-loop sweeps: the p99 added TTFT a rate may have to count as "
+        "sustainable (default %(default)s)",
+    )
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        dest="json_out",
+        help="write the summaries, medians, added times and settings as JSON here",
+    )
+    p.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help="write a PNG (TTFT CDF and tokens/s over time, first repeat) here; "
+        "needs matplotlib (the 'bench' extra; installed on demand)",
+    )
+    p.add_argument(
+        "--keep-results", action="store_true", help="include every request's result in the JSON"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `bench` on the `firsttoken` command's subparsers."""
     p = subparsers.add_parser(
-        "bench", help="Benchmark the stack against the engine, the naive pattern and LiteLLM.",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "bench",
+        help="Benchmark the stack against the engine, the naive pattern and LiteLLM.",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_arguments(p)
     p.set_defaults(fn=run)
-    return p
+    return p  # type: ignore[no-any-return]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="firsttoken bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="firsttoken bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_arguments(p)
     return p
 
@@ -141,8 +232,13 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
-            "platform": platform.platform(), "date": datetime.now(UTC).isoformat(timespec="seconds")}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
 
 
 def _load_points(args: argparse.Namespace) -> list[LoadPoint]:
@@ -168,8 +264,9 @@ class Bench:
         from firsttoken.bench.stack import BenchStack
 
         a = self.args
-        self.stack = BenchStack(self.profile, workers=a.workers,
-                                worker_concurrency=a.worker_concurrency)
+        self.stack = BenchStack(
+            self.profile, workers=a.workers, worker_concurrency=a.worker_concurrency
+        )
         exits.callback(self.stack.close)
         if not self.engine_url:
             self.engine_url = self.stack.start_sim()
@@ -191,24 +288,46 @@ class Bench:
             from firsttoken.bench.loadgen import StackClient
 
             conns = a.connections or (streams if point.rate is None else 64)
-            return StackClient(self.ws_url, self.api_key, connections=min(conns, streams),
-                               max_tokens=max_tokens, cache=a.cache == "on", timeout_s=a.timeout)
+            return StackClient(
+                self.ws_url,
+                self.api_key,
+                connections=min(conns, streams),
+                max_tokens=max_tokens,
+                cache=a.cache == "on",
+                timeout_s=a.timeout,
+            )
         if mode in ("direct", "litellm"):
             from firsttoken.bench.direct import DirectClient
 
             if mode == "litellm":
-                return DirectClient(self.peer.base_url, model=self.peer.model,
-                                    api_key=self.peer.master_key, max_tokens=max_tokens,
-                                    connections=streams, timeout_s=a.timeout)
-            return DirectClient(self.engine_url, model=a.engine_model, max_tokens=max_tokens,
-                                connections=streams, timeout_s=a.timeout)
+                return DirectClient(
+                    self.peer.base_url,
+                    model=self.peer.model,
+                    api_key=self.peer.master_key,
+                    max_tokens=max_tokens,
+                    connections=streams,
+                    timeout_s=a.timeout,
+                )
+            return DirectClient(
+                self.engine_url,
+                model=a.engine_model,
+                max_tokens=max_tokens,
+                connections=streams,
+                timeout_s=a.timeout,
+            )
         if mode == "naive":
             from firsttoken.bench.naive import NaiveClient
 
             wd = self.stack.workdir
-            return NaiveClient(self.engine_url, wd / "naive.sqlite3", wd / "naive.log",
-                               threads=min(streams, 512), model=a.engine_model,
-                               max_tokens=max_tokens, timeout_s=a.timeout)
+            return NaiveClient(
+                self.engine_url,
+                wd / "naive.sqlite3",
+                wd / "naive.log",
+                threads=min(streams, 512),
+                model=a.engine_model,
+                max_tokens=max_tokens,
+                timeout_s=a.timeout,
+            )
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
 
     def _pids(self) -> dict[str, int]:
@@ -229,37 +348,58 @@ class Bench:
         await client.open()
         try:
             if a.warmup:
-                await drive(client.send, PromptMix(tag=f"warm{repeat}{mode}{point.label}x"),
-                            concurrency=min(point.concurrency, a.warmup), requests=a.warmup)
+                await drive(
+                    client.send,
+                    PromptMix(tag=f"warm{repeat}{mode}{point.label}x"),
+                    concurrency=min(point.concurrency, a.warmup),
+                    requests=a.warmup,
+                )
             # The same seed and tag for every mode of a repeat: the same questions, so the
             # same answer lengths; a fresh tag per repeat keeps answer caches cold.
-            mix = PromptMix(a.repeat_share, a.paraphrase_share, seed=repeat,
-                            tag=f"r{repeat}{point.label}-")
+            mix = PromptMix(
+                a.repeat_share, a.paraphrase_share, seed=repeat, tag=f"r{repeat}{point.label}-"
+            )
             label = f"{mode} {point.label} #{repeat + 1}"
             progress = Progress(label, requests, enabled=not a.no_progress and sys.stderr.isatty())
             pids = self._pids()
             cpu0 = {n: cpu_seconds(p) for n, p in pids.items()}
-            outcome = await drive(client.send, mix, concurrency=point.concurrency,
-                                  requests=requests, duration_s=a.duration, rate=point.rate,
-                                  seed=repeat, progress=progress)
+            outcome = await drive(
+                client.send,
+                mix,
+                concurrency=point.concurrency,
+                requests=requests,
+                duration_s=a.duration,
+                rate=point.rate,
+                seed=repeat,
+                progress=progress,
+            )
             server_cpu = {n: (cpu_seconds(p) - cpu0[n]) / outcome.wall_s for n, p in pids.items()}
         finally:
             await client.close()
         summary = summarize_run(outcome.results, outcome.wall_s)
-        run = {"mode": mode, "load": point.label, "concurrency": point.concurrency,
-               "rate": point.rate, "repeat": repeat, "summary": summary,
-               "client_cpu_share": outcome.client_cpu_share, "server_cpu_share": server_cpu}
+        run = {
+            "mode": mode,
+            "load": point.label,
+            "concurrency": point.concurrency,
+            "rate": point.rate,
+            "repeat": repeat,
+            "summary": summary,
+            "client_cpu_share": outcome.client_cpu_share,
+            "server_cpu_share": server_cpu,
+        }
         if a.keep_results:
-            run["results"] = [r.__dict__ if hasattr(r, "__dict__") else _as_dict(r)
-                              for r in outcome.results]
+            run["results"] = [dataclasses.asdict(r) for r in outcome.results]
         if repeat == 0:
             self.samples[f"{mode} {point.label}"] = outcome.results
         t = summary["ttft_ms"]
         cpu = " ".join(f"{n}={v:.0%}" for n, v in server_cpu.items() if not math.isnan(v))
-        print(f"  {label}: {summary['ok']}/{summary['requests']} ok, {summary['errors']} errors "
-              f"{summary['error_codes'] or ''}, TTFT p50 {t['p50']:.1f} p99 {t['p99']:.1f} ms, "
-              f"{summary['tokens_per_s']:.0f} tok/s, {summary['qps']:.1f} req/s, "
-              f"client CPU {outcome.client_cpu_share:.0%} | {cpu}", flush=True)
+        print(
+            f"  {label}: {summary['ok']}/{summary['requests']} ok, {summary['errors']} errors "
+            f"{summary['error_codes'] or ''}, TTFT p50 {t['p50']:.1f} p99 {t['p99']:.1f} ms, "
+            f"{summary['tokens_per_s']:.0f} tok/s, {summary['qps']:.1f} req/s, "
+            f"client CPU {outcome.client_cpu_share:.0%} | {cpu}",
+            flush=True,
+        )
         return run
 
     async def run_all(self) -> None:
@@ -272,12 +412,9 @@ class Bench:
                     self.runs.append(await self.one_run(mode, point, repeat))
 
 
-def _as_dict(r: RequestResult) -> dict[str, Any]:
-    return {s: getattr(r, s) for s in RequestResult.__slots__}  # type: ignore[attr-defined]
-
-
-def sustainable(agg: dict[str, Any], points: list[LoadPoint], limit_ms: float,
-                mode: str = "stack") -> dict[str, Any]:
+def sustainable(
+    agg: dict[str, Any], points: list[LoadPoint], limit_ms: float, mode: str = "stack"
+) -> dict[str, Any]:
     """For an open-loop sweep: per rate, the p99 added TTFT; and the highest rate within limit."""
     from firsttoken.bench.stats import highest_sustainable
 
@@ -287,9 +424,12 @@ def sustainable(agg: dict[str, Any], points: list[LoadPoint], limit_ms: float,
         over = entry.get("added_ttft_ms", {}).get(mode, {}).get("p99", {}).get("median", math.nan)
         errors = entry.get("modes", {}).get(mode, {}).get("errors", 1)
         table.append((p.rate or 0.0, over, errors == 0))
-    return {"mode": mode, "limit_ms": limit_ms,
-            "points": [{"rate": r, "p99_added_ms": o, "clean": c} for r, o, c in table],
-            "highest_rate": highest_sustainable(table, limit_ms)}
+    return {
+        "mode": mode,
+        "limit_ms": limit_ms,
+        "points": [{"rate": r, "p99_added_ms": o, "clean": c} for r, o, c in table],
+        "highest_rate": highest_sustainable(table, limit_ms),
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -297,26 +437,49 @@ def run(args: argparse.Namespace) -> int:
 
     unknown = [m for m in args.modes if m not in MODES]
     if unknown:
-        print(f"firsttoken bench: unknown mode(s) {', '.join(unknown)}; known: "
-              f"{', '.join(MODES)}", file=sys.stderr)
+        print(
+            f"firsttoken bench: unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}",
+            file=sys.stderr,
+        )
         return 2
     if args.url and not args.api_key:
         print("firsttoken bench: --url needs --api-key", file=sys.stderr)
         return 2
     bench = Bench(args)
     info = machine()
-    print(f"firsttoken bench: profile {args.profile}, modes {','.join(args.modes)}, "
-          f"{info['nproc']} CPUs ({info['cpu']})", flush=True)
+    print(
+        f"firsttoken bench: profile {args.profile}, modes {','.join(args.modes)}, "
+        f"{info['nproc']} CPUs ({info['cpu']})",
+        flush=True,
+    )
     t0 = time.monotonic()
     with ExitStack() as exits:
-        bench.start(exits)
+        try:
+            bench.start(exits)
+        except BaseException:
+            if bench.stack:
+                bench.stack.keep_workdir = True
+                print(
+                    f"firsttoken bench: start-up failed; logs in {bench.stack.workdir}",
+                    file=sys.stderr,
+                )
+            raise
         try:
             import uvloop
 
             runner: Any = uvloop.run
         except ImportError:  # pragma: no cover
             runner = asyncio.run
-        runner(bench.run_all())
+        try:
+            runner(bench.run_all())
+        except BaseException:
+            if bench.stack:
+                bench.stack.keep_workdir = True
+                print(
+                    f"firsttoken bench: failed; process logs kept in {bench.stack.workdir}",
+                    file=sys.stderr,
+                )
+            raise
         notes = list(bench.stack.notes) if bench.stack else []
     agg = aggregate_runs(bench.runs)
     extra = []
@@ -324,19 +487,29 @@ def run(args: argparse.Namespace) -> int:
     sustain = None
     if args.rate and "direct" in args.modes and "stack" in args.modes:
         sustain = sustainable(agg, points, args.overhead_limit_ms)
-        extra.append(f"\nhighest rate with stack p99 added TTFT <= {args.overhead_limit_ms:g} ms "
-                     f"and no errors: {sustain['highest_rate']} req/s")
+        extra.append(
+            f"\nhighest rate with stack p99 added TTFT <= {args.overhead_limit_ms:g} ms "
+            f"and no errors: {sustain['highest_rate']} req/s"
+        )
     print_report(agg, extra)
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                if k != "fn"}
-    payload = {"machine": info, "command": " ".join(sys.argv), "settings": settings,
-               "profile": get_profile(args.profile).__dict__ if False else
-               {"name": args.profile, **{k: getattr(get_profile(args.profile), k) for k in
-                                          ("ttft_ms", "itl_ms", "max_tokens", "jitter", "max_seqs")}},
-               "stack": {"workers": args.workers, "worker_concurrency": args.worker_concurrency,
-                         "notes": notes},
-               "elapsed_s": time.monotonic() - t0, "aggregate": agg, "runs": bench.runs,
-               "sustainable": sustain}
+    settings = {
+        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "fn"
+    }
+    payload = {
+        "machine": info,
+        "command": " ".join(sys.argv),
+        "settings": settings,
+        "profile": dataclasses.asdict(get_profile(args.profile)),
+        "stack": {
+            "workers": args.workers,
+            "worker_concurrency": args.worker_concurrency,
+            "notes": notes,
+        },
+        "elapsed_s": time.monotonic() - t0,
+        "aggregate": agg,
+        "runs": bench.runs,
+        "sustainable": sustain,
+    }
     if args.json_out:
         write_json(args.json_out, payload)
         print(f"\nJSON: {args.json_out}")

@@ -19,15 +19,21 @@ from firsttoken.bench.stats import RequestResult
 class DirectClient:
     """Streams chat completions from ``base_url`` (e.g. http://127.0.0.1:8100/v1)."""
 
-    def __init__(self, base_url: str, *, model: str = "sim", api_key: str = "EMPTY",
-                 max_tokens: int | None = None, connections: int = 256,
-                 timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str = "sim",
+        api_key: str = "EMPTY",
+        max_tokens: int | None = None,
+        connections: int = 256,
+        timeout_s: float = 120.0,
+    ) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model, self.max_tokens = model, max_tokens
         self._client = httpx.AsyncClient(
             headers={"Authorization": f"Bearer {api_key}"},
-            limits=httpx.Limits(max_connections=connections,
-                                max_keepalive_connections=connections),
+            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
             timeout=httpx.Timeout(timeout_s, connect=30.0),
         )
 
@@ -38,9 +44,12 @@ class DirectClient:
         await self._client.aclose()
 
     async def send(self, prompt: str) -> RequestResult:
-        body: dict[str, Any] = {"model": self.model, "stream": True,
-                                "messages": [{"role": "user", "content": prompt}],
-                                "stream_options": {"include_usage": True}}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "stream": True,
+            "messages": [{"role": "user", "content": prompt}],
+            "stream_options": {"include_usage": True},
+        }
         if self.max_tokens:
             body["max_tokens"] = self.max_tokens
         t0 = time.perf_counter()

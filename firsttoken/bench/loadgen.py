@@ -34,10 +34,18 @@ Sender = Callable[[str], Awaitable[RequestResult]]
 # --- the prompt mix -------------------------------------------------------------------------
 
 _TOPICS = (
-    "reset my password", "change the billing address on my invoice", "export my data to CSV",
-    "add a teammate to my workspace", "cancel my subscription", "enable two-factor login",
-    "connect the Slack integration", "rotate an API key", "restore a deleted project",
-    "raise my rate limit", "set up single sign-on", "download last month's receipts",
+    "reset my password",
+    "change the billing address on my invoice",
+    "export my data to CSV",
+    "add a teammate to my workspace",
+    "cancel my subscription",
+    "enable two-factor login",
+    "connect the Slack integration",
+    "rotate an API key",
+    "restore a deleted project",
+    "raise my rate limit",
+    "set up single sign-on",
+    "download last month's receipts",
 )
 _ORIGINAL = "How do I {topic} (case {n})?"
 _PARAPHRASES = (
@@ -120,8 +128,10 @@ class Progress:
         elapsed = now - self._t0
         of = f"/{self.total}" if self.total else ""
         rate = self.done / elapsed if elapsed > 0 else 0.0
-        sys.stderr.write(f"\r  {self.label}: {self.done}{of} done, {self.errors} errors, "
-                         f"{rate:.1f} req/s, {elapsed:.0f}s ")
+        sys.stderr.write(
+            f"\r  {self.label}: {self.done}{of} done, {self.errors} errors, "
+            f"{rate:.1f} req/s, {elapsed:.0f}s "
+        )
         sys.stderr.flush()
 
     def close(self) -> None:
@@ -131,8 +141,14 @@ class Progress:
 
 
 async def drive(
-    send: Sender, mix: PromptMix, *, concurrency: int, requests: int | None = None,
-    duration_s: float | None = None, rate: float | None = None, seed: int = 11,
+    send: Sender,
+    mix: PromptMix,
+    *,
+    concurrency: int,
+    requests: int | None = None,
+    duration_s: float | None = None,
+    rate: float | None = None,
+    seed: int = 11,
     progress: Progress | None = None,
 ) -> RunOutcome:
     """Run one load point. Closed loop (``rate`` None): ``concurrency`` users send back to back
@@ -248,7 +264,7 @@ class _Connection:
                     del self.pending[frame["id"]]
                     if not p.done.done():
                         p.done.set_result(None)
-        except Exception:  # the connection died: fail whatever was in flight
+        except Exception:  # noqa: BLE001 - any end of the socket fails what is in flight
             pass
         for p in self.pending.values():
             if p.result.error is None:
@@ -261,8 +277,16 @@ class _Connection:
 class StackClient:
     """Sends chats over a pool of websocket connections to a firsttoken gateway."""
 
-    def __init__(self, url: str, api_key: str, *, connections: int, max_tokens: int | None,
-                 cache: bool, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        api_key: str,
+        *,
+        connections: int,
+        max_tokens: int | None,
+        cache: bool,
+        timeout_s: float = 120.0,
+    ) -> None:
         self.url, self.api_key = url, api_key
         self.n_connections = max(1, connections)
         self.max_tokens, self.cache, self.timeout_s = max_tokens, cache, timeout_s
@@ -275,8 +299,12 @@ class StackClient:
 
         async def connect() -> _Connection:
             ws = await websockets.connect(
-                self.url, additional_headers={"Authorization": f"Bearer {self.api_key}"},
-                max_size=None, open_timeout=30, ping_interval=None, compression=None,
+                self.url,
+                additional_headers={"Authorization": f"Bearer {self.api_key}"},
+                max_size=None,
+                open_timeout=30,
+                ping_interval=None,
+                compression=None,
             )
             return _Connection(ws)
 
@@ -293,11 +321,18 @@ class StackClient:
 
     async def send(self, prompt: str) -> RequestResult:
         # Fewest chats in flight first, so a slow stream does not pile others behind it.
-        conn = min(self._conns, key=lambda c: len(c.pending)) if len(self._conns) <= 8 \
+        conn = (
+            min(self._conns, key=lambda c: len(c.pending))
+            if len(self._conns) <= 8
             else self._conns[next(self._rr) % len(self._conns)]
+        )
         chat_id = f"b{next(self._ids)}"
-        frame: dict[str, Any] = {"type": "chat", "id": chat_id, "cache": self.cache,
-                                 "messages": [{"role": "user", "content": prompt}]}
+        frame: dict[str, Any] = {
+            "type": "chat",
+            "id": chat_id,
+            "cache": self.cache,
+            "messages": [{"role": "user", "content": prompt}],
+        }
         if self.max_tokens:
             frame["max_tokens"] = self.max_tokens
         t0 = time.perf_counter()
@@ -309,7 +344,7 @@ class StackClient:
         except TimeoutError:
             p.result.error = "client_timeout"
             conn.pending.pop(chat_id, None)
-        except Exception as exc:  # a send on a closed socket
+        except Exception as exc:  # noqa: BLE001 - a send on a dead socket is an error result
             p.result.error = f"client_{type(exc).__name__}"
             conn.pending.pop(chat_id, None)
         return p.result

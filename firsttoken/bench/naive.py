@@ -27,9 +27,18 @@ _SCHEMA = """CREATE TABLE IF NOT EXISTS chat_log (
 class NaiveClient:
     """Sends each request from its own worker thread, as a threaded WSGI app would."""
 
-    def __init__(self, base_url: str, db_path: Path, log_path: Path, *, threads: int,
-                 model: str = "sim", api_key: str = "EMPTY", max_tokens: int | None = None,
-                 timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        db_path: Path,
+        log_path: Path,
+        *,
+        threads: int,
+        model: str = "sim",
+        api_key: str = "EMPTY",
+        max_tokens: int | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.db_path, self.model, self.max_tokens = db_path, model, max_tokens
         self._headers = {"Authorization": f"Bearer {api_key}"}
@@ -37,8 +46,7 @@ class NaiveClient:
         self._local = threading.local()
         self._opened: list[tuple[httpx.Client, sqlite3.Connection]] = []
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=max(1, threads),
-                                        thread_name_prefix="naive")
+        self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="naive")
         self.log = logging.getLogger(f"firsttoken.bench.naive.{id(self)}")
         self.log.propagate = False
         self.log.setLevel(logging.INFO)
@@ -71,8 +79,10 @@ class NaiveClient:
         http, db = self._thread_state()
         t0 = time.perf_counter()
         result = RequestResult(start_s=t0)
-        body: dict[str, Any] = {"model": self.model,
-                                "messages": [{"role": "user", "content": prompt}]}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt}],
+        }
         if self.max_tokens:
             body["max_tokens"] = self.max_tokens
         try:
@@ -81,8 +91,10 @@ class NaiveClient:
             data = resp.json()
             answer = data["choices"][0]["message"]["content"]
             tokens = int(data.get("usage", {}).get("completion_tokens", 0))
-            db.execute("INSERT INTO chat_log (created_at, prompt, answer, tokens) "
-                       "VALUES (?, ?, ?, ?)", (time.time(), prompt, answer, tokens))
+            db.execute(
+                "INSERT INTO chat_log (created_at, prompt, answer, tokens) VALUES (?, ?, ?, ?)",
+                (time.time(), prompt, answer, tokens),
+            )
             db.commit()
             self.log.info("chat done tokens=%d chars=%d", tokens, len(answer))
         except (httpx.HTTPError, sqlite3.Error, KeyError, ValueError) as exc:
@@ -94,5 +106,4 @@ class NaiveClient:
         return result
 
     async def send(self, prompt: str) -> RequestResult:
-        return await asyncio.get_running_loop().run_in_executor(
-            self._pool, self._blocking, prompt)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._blocking, prompt)

@@ -27,8 +27,9 @@ def ensure_venv(path: Path = VENV) -> Path:
         return exe
     print(f"creating {path} and installing {PACKAGE} (a few minutes, once)...", file=sys.stderr)
     venv.EnvBuilder(with_pip=True).create(path)
-    subprocess.run([str(path / "bin" / "python"), "-m", "pip", "install", "-q", PACKAGE],
-                   check=True)
+    subprocess.run(
+        [str(path / "bin" / "python"), "-m", "pip", "install", "-q", PACKAGE], check=True
+    )
     return exe
 
 
@@ -65,11 +66,27 @@ class LiteLLMPeer:
         import os
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("FIRSTTOKEN_")}
-        env.update(LITELLM_LOG="ERROR", LITELLM_LOCAL_MODEL_COST_MAP="True",
-                   LITELLM_MASTER_KEY=self.master_key, PYTHONUNBUFFERED="1")
-        self.child = Child([str(exe), "--config", str(config), "--host", "127.0.0.1",
-                            "--port", str(self.port), "--num_workers", "1"],
-                           env, self.workdir / "litellm.log")
+        env.update(
+            LITELLM_LOG="ERROR",
+            LITELLM_LOCAL_MODEL_COST_MAP="True",
+            LITELLM_MASTER_KEY=self.master_key,
+            PYTHONUNBUFFERED="1",
+        )
+        self.child = Child(
+            [
+                str(exe),
+                "--config",
+                str(config),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--num_workers",
+                "1",
+            ],
+            env,
+            self.workdir / "litellm.log",
+        )
         url = f"http://127.0.0.1:{self.port}/health/liveliness"
         wait_for(lambda: http_get(url)[0] == 200, 120, "LiteLLM proxy", {"litellm": self.child})
 

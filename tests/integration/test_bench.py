@@ -1,0 +1,89 @@
+"""`firsttoken bench` end to end on the tiny profile: a started stack, the engine directly and
+the naive pattern, a handful of requests each. Asserts behaviour, never speed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from firsttoken.bench.cli import main
+from tests.support import postgres_available, redis_available
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+
+@pytest.mark.skipif(not redis_available(), reason="needs the machine's Redis")
+def test_bench_runs_every_mode_and_writes_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench.json"
+    rc = main(
+        [
+            "--profile",
+            "tiny",
+            "--modes",
+            "stack,direct,naive",
+            "--concurrency",
+            "3",
+            "--requests",
+            "6",
+            "--warmup",
+            "2",
+            "--workers",
+            "1",
+            "--no-progress",
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert {"machine", "command", "settings", "profile", "aggregate", "runs"} <= set(data)
+    assert [r["mode"] for r in data["runs"]] == ["stack", "direct", "naive"]
+    for run in data["runs"]:
+        s = run["summary"]
+        assert (s["requests"], s["ok"], s["errors"]) == (6, 6, 0), run["mode"]
+        assert s["tokens"] > 0 and s["cached"] == 0
+        assert {"p50", "p90", "p99"} <= set(s["ttft_ms"])
+    modes = data["aggregate"]["c=3"]["modes"]
+    # The naive pattern shows nothing until the answer is complete.
+    assert modes["naive"]["ttft_ms_p50"]["median"] == modes["naive"]["total_ms_p50"]["median"]
+    assert set(data["aggregate"]["c=3"]["added_ttft_ms"]) == {"stack", "naive"}
+    printed = capsys.readouterr().out
+    assert "Added time to first token" in printed and "Before/after at c=3" in printed
+    if postgres_available():
+        assert "database: PostgreSQL (fresh database)" in data["stack"]["notes"]
+
+
+@pytest.mark.skipif(not redis_available(), reason="needs the machine's Redis")
+def test_open_loop_with_cache_counts_hits(tmp_path: Path) -> None:
+    out = tmp_path / "open.json"
+    rc = main(
+        [
+            "--profile",
+            "tiny",
+            "--modes",
+            "stack",
+            "--rate",
+            "40",
+            "--requests",
+            "12",
+            "--warmup",
+            "0",
+            "--workers",
+            "1",
+            "--cache",
+            "on",
+            "--repeat-share",
+            "0.5",
+            "--no-progress",
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    s = json.loads(out.read_text())["runs"][0]["summary"]
+    assert s["requests"] == 12 and s["errors"] == 0
+    assert 0 <= s["cached"] <= s["ok"]  # hits only once the stack has an answer cache
