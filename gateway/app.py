@@ -18,6 +18,7 @@ from gateway.session import Session
 from gateway.state import Gateway
 from shared.db.session import ping as db_ping
 from shared.errors import FirstTokenError, error_frame
+from shared.models import model_table
 from shared.protocol import dumps
 from shared.settings import Settings, get_settings
 
@@ -84,6 +85,19 @@ async def metrics(request: Request) -> Response:
     return PlainTextResponse(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+async def list_models(request: Request) -> Response:
+    """The model table, OpenAI-style (`{"object": "list", "data": [...]}`); needs an API key,
+    as OpenAI's own /v1/models does."""
+    gw: Gateway = request.app.state.gateway
+    try:
+        await gw.auth.authenticate(
+            key_from_request(dict(request.headers), dict(request.query_params))
+        )
+    except FirstTokenError as exc:
+        return JSONResponse({"error": error_frame(None, exc)}, status_code=401)
+    return JSONResponse(model_table(gw.settings).public())
+
+
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or get_settings()
 
@@ -103,6 +117,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", metrics),
+            Route("/v1/models", list_models),
         ],
         lifespan=lifespan,
     )

@@ -26,6 +26,7 @@ from shared.errors import (
     error_frame,
 )
 from shared.keys import CHAT_QUEUE, CHAT_TASK
+from shared.models import model_table
 from shared.protocol import (
     CancelFrame,
     ChatFrame,
@@ -150,6 +151,8 @@ class Session:
             )
         if frame.messages[-1].role != "user":
             raise InvalidRequest("the last message must have role 'user'")
+        # Unknown models are refused here, before anything is enqueued (lists the known ones).
+        model_table(settings).get(frame.model)
         if not await gw.chat_workers_alive():
             raise Overloaded(
                 "no chat worker is running; start one with `firsttoken worker --queues chat`"

@@ -53,6 +53,39 @@ class Settings(BaseSettings):
     engine_connect_timeout_s: float = Field(5.0, gt=0, description="Engine connect timeout.")
     vllm_model_path: str | None = Field(None, description="Model directory for engine=vllm.")
 
+    # --- models and engine deadlines (issue 3) --------------------------------------------
+    models: str | None = Field(
+        None,
+        description="The model table as a JSON list of {name, engine, url, served_model, "
+        "model_path, api_key, role (small|large), fallbacks}; see shared/models.py. Unset: "
+        "one model from the FIRSTTOKEN_ENGINE* settings.",
+    )
+    models_file: str | None = Field(
+        None, description="Path of a JSON file with the model table, used when MODELS is unset."
+    )
+    default_model: str | None = Field(
+        None, description="Model for chats that name none (default: the table's first)."
+    )
+    first_token_deadline_s: float = Field(
+        2.0,
+        gt=0,
+        description="A model that sends no first token within this (or fails before it) is "
+        "given up and the chat moves to its next fallback model.",
+    )
+    engine_idle_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="Longest silence of an engine between tokens before the chat ends with "
+        "`engine_error`; keep it below STREAM_IDLE_TIMEOUT_S so the worker's message wins.",
+    )
+    engine_retries: int = Field(
+        1,
+        ge=0,
+        le=5,
+        description="Retries of an openai engine request on connection errors and HTTP "
+        "502/503/504, only before its first token, within the first-token deadline.",
+    )
+
     # --- simulated engine (engine=sim, and `firsttoken sim-server` defaults) ---------------
     sim_ttft_ms: float = Field(50.0, ge=0, description="Simulated time to first token.")
     sim_itl_ms: float = Field(10.0, ge=0, description="Simulated inter-token latency.")
@@ -130,6 +163,18 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"{ENV_PREFIX}MAX_TOKENS_DEFAULT must not exceed {ENV_PREFIX}MAX_TOKENS_LIMIT"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_models(self) -> Settings:
+        # The model table is parsed here too, so a bad FIRSTTOKEN_MODELS stops every process
+        # at start-up rather than failing chats. Imported late: shared.models imports this.
+        from shared.models import load_models
+
+        try:
+            load_models(self)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
         return self
 
 

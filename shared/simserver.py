@@ -8,17 +8,24 @@ always sent, even without ``stream_options.include_usage``, so every stream repo
 A client that disconnects mid-stream aborts its request: uvicorn reports the disconnect,
 Starlette cancels the body iterator, and :class:`_SSEResponse` closes it so the engine
 counts the abort at once rather than when the generator is garbage-collected.
+
+Fault modes (``--status``, ``--fail-rate``, ``--stall-after``, ``--malformed-after``,
+``--drop-after``; see :class:`Faults`) make it misbehave the ways a real model server does, for
+the engine fault tests.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import random
 import sys
 import time
 import uuid
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -38,6 +45,40 @@ from shared.protocol import Message
 
 # OpenAI's "developer" role is the newer name of "system".
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+@dataclass(frozen=True, slots=True)
+class Faults:
+    """Misbehaviour on purpose, for fault tests (all off by default).
+
+    - ``status``: answer a ``fail_rate`` share of chat requests with this HTTP status;
+    - ``stall_after``: after this many content chunks, send nothing more but keep the
+      connection open (0: not even the first token);
+    - ``malformed_after``: after this many content chunks, send a chunk that is not JSON;
+    - ``drop_after``: after this many content chunks, cut the connection mid-response.
+    """
+
+    status: int | None = None
+    fail_rate: float = 1.0
+    stall_after: int | None = None
+    malformed_after: int | None = None
+    drop_after: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.status is not None and not 400 <= self.status <= 599:
+            raise ValueError("--status must be an HTTP error status (400-599)")
+        if not 0 <= self.fail_rate <= 1:
+            raise ValueError("--fail-rate must be between 0 and 1")
+        for value in (self.stall_after, self.malformed_after, self.drop_after):
+            if value is not None and value < 0:
+                raise ValueError("--stall-after, --malformed-after, --drop-after must be >= 0")
+
+    def fails(self) -> bool:
+        return self.status is not None and random.random() < self.fail_rate
+
+
+class _Dropped(Exception):
+    """Raised inside the response body to cut the connection (uvicorn closes it)."""
 
 
 class _BadRequest(Exception):
@@ -122,7 +163,7 @@ def _usage(delta: Delta) -> dict[str, int]:
 
 
 async def _sse_events(
-    engine: SimEngine, request: EngineRequest, completion_id: str
+    engine: SimEngine, request: EngineRequest, completion_id: str, faults: Faults | None = None
 ) -> AsyncGenerator[bytes, None]:
     head = {
         "id": completion_id,
@@ -135,10 +176,21 @@ async def _sse_events(
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         return _sse({**head, "choices": [choice]})
 
+    faults = faults or Faults()
+    sent = 0
     yield chunk({"role": "assistant", "content": ""})
     async with aclosing(engine.stream(request, request_id=completion_id)) as deltas:
         async for delta in deltas:
+            if sent == faults.stall_after:
+                # Holds the engine request open too, as a hung model server would.
+                await asyncio.Event().wait()
+            if sent == faults.malformed_after:
+                yield b'data: {"id": "' + completion_id.encode() + b'", "choices": [{\n\n'
+                return
+            if sent == faults.drop_after:
+                raise _Dropped(completion_id)
             if delta.finish_reason is None:
+                sent += 1
                 yield chunk({"content": delta.text})
                 continue
             yield chunk({"content": delta.text}, delta.finish_reason)
@@ -183,7 +235,9 @@ class _StatsCollector(Collector):
         )
 
 
-def create_app(options: SimOptions, model_name: str = "sim") -> Starlette:
+def create_app(
+    options: SimOptions, model_name: str = "sim", faults: Faults | None = None
+) -> Starlette:
     """The server's ASGI app; each app has its own engine and metrics registry."""
     engine = SimEngine(options)
     registry = CollectorRegistry()
@@ -198,10 +252,12 @@ def create_app(options: SimOptions, model_name: str = "sim") -> Starlette:
             engine_request = parse_chat_request(body, model_name, options.max_tokens)
         except _BadRequest as exc:
             return error_response(exc.message, exc.status)
+        if faults is not None and faults.fails():
+            return error_response(f"simulated failure (HTTP {faults.status})", faults.status or 500)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         if body.get("stream"):
             return _SSEResponse(
-                _sse_events(engine, engine_request, completion_id),
+                _sse_events(engine, engine_request, completion_id, faults),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
@@ -304,6 +360,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=s.sim_max_tokens,
         help="longest answer, in tokens (default: %(default)s)",
     )
+    faults = p.add_argument_group("faults", "misbehave on purpose, for fault tests")
+    faults.add_argument("--status", type=int, help="answer chat requests with this HTTP status")
+    faults.add_argument(
+        "--fail-rate",
+        type=float,
+        default=1.0,
+        help="share of chat requests that get --status (default: %(default)s)",
+    )
+    faults.add_argument(
+        "--stall-after",
+        type=int,
+        metavar="N",
+        help="after N tokens, go silent with the connection open (0: no first token)",
+    )
+    faults.add_argument(
+        "--malformed-after", type=int, metavar="N", help="after N tokens, send a non-JSON chunk"
+    )
+    faults.add_argument(
+        "--drop-after", type=int, metavar="N", help="after N tokens, cut the connection"
+    )
     return p
 
 
@@ -320,6 +396,13 @@ def main(argv: list[str] | None = None) -> int:
             jitter=args.jitter,
             max_tokens=args.max_tokens,
         )
+        faults = Faults(
+            status=args.status,
+            fail_rate=args.fail_rate,
+            stall_after=args.stall_after,
+            malformed_after=args.malformed_after,
+            drop_after=args.drop_after,
+        )
     except (ConfigError, ValueError) as exc:
         print(f"firsttoken sim-server: {exc}", file=sys.stderr)
         return 2
@@ -329,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     uvicorn.run(
-        create_app(options, args.model),
+        create_app(options, args.model, faults),
         host=args.host,
         port=args.port,
         loop="uvloop",

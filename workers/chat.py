@@ -14,13 +14,13 @@ import time
 from typing import Any
 
 from shared.coalesce import Coalescer
-from shared.engines.base import EngineRequest
 from shared.errors import Cancelled, DeadlineExceeded, FirstTokenError, error_frame
 from shared.keys import BULK_QUEUE, CHAT_TASK, PERSIST_MESSAGES_TASK, PERSIST_USAGE_TASK
 from shared.protocol import CHUNK_DONE, CHUNK_ERROR, CHUNK_STARTED, dumps
 from shared.tasks import ChatJob, MessagesRecord, UsageRecord, task_message
 from workers.app import app
 from workers.context import WorkerContext, get_context
+from workers.generate import job_generation
 from workers.publish import JobPublisher
 from workers.runtime import runner
 
@@ -94,7 +94,7 @@ async def run_chat(job: ChatJob) -> None:
         replay_maxlen=ctx.settings.replay_maxlen,
         replay_ttl_s=ctx.settings.replay_ttl_s,
     )
-    model = job.model or ctx.settings.engine_model
+    model = job.model or ctx.models.default
     if points["worker_start"] > job.deadline_at:
         waited = points["worker_start"] - job.enqueued_at
         await _fail(
@@ -121,18 +121,16 @@ async def run_chat(job: ChatJob) -> None:
     )
     prompt_tokens = completion_tokens = 0
     finish_reason = "stop"
+    generation = job_generation(ctx, job, publisher)
     try:
         await publisher.control(CHUNK_STARTED, dumps({"t": points["worker_start"]}))
         # Cache lookup and retrieval stages are added by later issues; their points stay
         # in the timings so clients see the same shape.
         points["cache_decided"] = points["retrieval_done"] = time.time()
-        request = EngineRequest(
-            messages=job.messages,
-            model=model,
-            max_tokens=job.max_tokens,
-            temperature=job.temperature,
-        )
-        async for delta in ctx.engine.stream(request, request_id=job.job_id):
+        # First-token failover across the model's fallbacks (workers/generate.py); `model`
+        # follows it, so the done frame and the usage row name the model that answered.
+        async for delta in generation.stream():
+            model = generation.model
             if delta.text:
                 if "engine_first_token" not in points:
                     points["engine_first_token"] = time.time()
@@ -148,7 +146,7 @@ async def run_chat(job: ChatJob) -> None:
     except asyncio.CancelledError:
         await _stop_stream(stream)
         with contextlib.suppress(Exception):
-            await ctx.engine.abort(job.job_id)
+            await generation.abort()
         await _record(
             ctx,
             job,

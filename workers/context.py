@@ -1,7 +1,7 @@
 """Per-process resources of a worker, created once on the process loop.
 
-One Redis pool, one engine client, the cancel listener (job id -> running task) and the
-heartbeat that tells gateways a worker for a queue is alive.
+One Redis pool, one engine client per model server, the cancel listener (job id -> running
+task) and the heartbeat that tells gateways a worker for a queue is alive.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 
 from shared.engines.base import Engine
-from shared.engines.factory import make_engine
+from shared.engines.factory import make_model_engine
 from shared.keys import Keys
+from shared.models import ModelSpec, ModelTable, model_table
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -29,16 +30,28 @@ class WorkerContext:
     keys: Keys
     redis: aioredis.Redis
     name: str
-    _engine: Engine | None = None
+    _engines: dict[tuple[str, str], Engine] = field(default_factory=dict)
     running: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
+    def models(self) -> ModelTable:
+        return model_table(self.settings)
+
+    def engine_for(self, spec: ModelSpec) -> Engine:
+        """The engine serving ``spec``; models on the same server share one (one pool).
+
+        Created on first use: a bulk worker never loads a model.
+        """
+        engine = self._engines.get(spec.engine_key)
+        if engine is None:
+            engine = self._engines[spec.engine_key] = make_model_engine(spec, self.settings)
+        return engine
+
+    @property
     def engine(self) -> Engine:
-        # Created on first use: a bulk worker never loads a model.
-        if self._engine is None:
-            self._engine = make_engine(self.settings)
-        return self._engine
+        """The default model's engine."""
+        return self.engine_for(self.models.get(None))
 
     async def start(self, queues: tuple[str, ...]) -> None:
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
@@ -90,9 +103,9 @@ class WorkerContext:
                 for queue in ("chat", "bulk"):
                     pipe.zrem(self.keys.worker_heartbeats(queue), self.name)
                 await pipe.execute()
-        if self._engine is not None:
+        for engine in self._engines.values():
             with contextlib.suppress(Exception):
-                await self._engine.aclose()
+                await engine.aclose()
         await self.redis.aclose()
 
 

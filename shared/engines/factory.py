@@ -1,22 +1,34 @@
-"""Builds the configured engine; the one place that knows every implementation."""
+"""Builds engines; the one place that knows every implementation."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from shared.engines.base import Engine
 from shared.settings import Settings
 
+if TYPE_CHECKING:
+    from shared.models import ModelSpec
+
 
 def make_engine(settings: Settings) -> Engine:
-    """The engine ``settings.engine`` names. Imports are lazy so that a process only pays
-    for (and only needs installed) the engine it runs."""
-    if settings.engine == "sim":
+    """The engine ``settings.engine`` names (the default, one-model table)."""
+    from shared.models import default_table
+
+    return make_model_engine(default_table(settings).get(None), settings)
+
+
+def make_model_engine(spec: ModelSpec, settings: Settings) -> Engine:
+    """The engine of one model table entry. Imports are lazy so that a process only pays
+    for (and only needs installed) the engines it runs."""
+    if spec.engine == "sim":
         from shared.engines.sim import SimEngine, SimOptions
 
         return SimEngine(SimOptions.from_settings(settings))
-    if settings.engine == "openai":
+    if spec.engine == "openai":
         from shared.engines.openai_engine import OpenAIEngine
 
-        return OpenAIEngine(settings)
+        return OpenAIEngine(settings, url=spec.url, api_key=spec.api_key)
     from shared.engines.vllm_engine import VLLMEngine
 
-    return VLLMEngine(settings)
+    return VLLMEngine(settings, model_path=spec.model_path)

