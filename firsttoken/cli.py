@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Callable
 
@@ -37,9 +38,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    concurrency = args.concurrency or (
-        settings.chat_concurrency if CHAT_QUEUE in queues else settings.bulk_concurrency
-    )
+    # Chat tasks only hand the job to the process's asyncio loop (see workers/chat.py), so
+    # the solo pool serves them with one thread hop; bulk tasks block on the database and
+    # need real threads. A worker for both queues uses threads.
+    solo = queues == [CHAT_QUEUE]
+    concurrency = 1 if solo else args.concurrency or settings.bulk_concurrency
+    if solo and args.concurrency:
+        os.environ["FIRSTTOKEN_CHAT_CONCURRENCY"] = str(args.concurrency)
+        get_settings.cache_clear()
     from workers.app import app
 
     name = args.name or f"{'-'.join(queues)}@%h"
@@ -50,7 +56,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             "-Q",
             ",".join(queues),
             "-P",
-            "threads",
+            "solo" if solo else "threads",
             "-c",
             str(concurrency),
             "-n",
@@ -155,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency",
         type=int,
         default=None,
-        help="threads (default FIRSTTOKEN_CHAT_CONCURRENCY / FIRSTTOKEN_BULK_CONCURRENCY)",
+        help="chats in flight (chat queue; default FIRSTTOKEN_CHAT_CONCURRENCY) or threads "
+        "(bulk; default FIRSTTOKEN_BULK_CONCURRENCY)",
     )
     p.add_argument("--name", default=None, help="worker node name (default QUEUES@hostname)")
     p.add_argument("--loglevel", default="warning", help="Celery log level (default warning)")

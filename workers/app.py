@@ -23,6 +23,7 @@ from shared.keys import (
 from shared.settings import get_settings
 
 settings = get_settings()
+SHUTDOWN_GRACE_S = 30.0
 keys = Keys(settings.redis_prefix)
 
 app = Celery("firsttoken", broker=settings.redis_url, include=["workers.chat", "workers.persist"])
@@ -72,4 +73,6 @@ def _stop_loop(**_: Any) -> None:
     from workers.context import close_context
     from workers.runtime import runner
 
+    # Warm shutdown: chats already streaming get a grace period to finish.
+    runner.drain(timeout=SHUTDOWN_GRACE_S)
     runner.stop(close_context())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from shared.keys import Keys
-from shared.protocol import CHUNK_TOKEN, encode_chunk, encode_token
+from shared.protocol import CHUNK_STARTED, CHUNK_TOKEN, dumps, encode_chunk, encode_token
 
 
 class JobPublisher:
@@ -39,6 +39,20 @@ class JobPublisher:
                 pipe.expire(self._stream, self._ttl)
                 self._expiry_set = True
             await pipe.execute()
+
+    async def start(self, cancel_flag: str, started_at: float) -> bool:
+        """Announce the job started and check its cancel flag in one round trip.
+
+        Returns True when the client cancelled the job while it was queued."""
+        message = encode_chunk(CHUNK_STARTED, dumps({"t": started_at}))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.exists(cancel_flag)
+            pipe.publish(self._channel, message)
+            pipe.xadd(self._stream, {"m": message}, maxlen=self._maxlen, approximate=True)
+            pipe.expire(self._stream, self._ttl)
+            cancelled, *_ = await pipe.execute()
+        self._expiry_set = True
+        return bool(cancelled)
 
     async def token(self, text: str) -> None:
         seq = self.next_seq

@@ -12,6 +12,7 @@ The loop starts once, under a lock: lazy start-up from several pool threads at o
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ class LoopRunner:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._inflight: set[concurrent.futures.Future[Any]] = set()
 
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -49,7 +51,22 @@ class LoopRunner:
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run a coroutine on the process loop from a pool thread and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop()).result(timeout)
+        return self.submit(coro).result(timeout)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start a coroutine on the process loop; tracked so shutdown can wait for it."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop())
+        with self._lock:
+            self._inflight.add(future)
+        future.add_done_callback(self._inflight.discard)
+        return future
+
+    def drain(self, timeout: float) -> int:
+        """Wait up to `timeout` for submitted coroutines; returns how many are still running."""
+        with self._lock:
+            pending = list(self._inflight)
+        _, not_done = concurrent.futures.wait(pending, timeout=timeout)
+        return len(not_done)
 
     def stop(self, cleanup: Awaitable[Any] | None = None, timeout: float = 5.0) -> None:
         with self._lock:
