@@ -1,7 +1,12 @@
 """One Redis pub/sub connection per gateway process, fanned out to jobs by channel.
 
-`subscribe()` returns only once Redis has confirmed the subscription, so a job enqueued after
-it cannot publish a token this gateway misses (pub/sub is at-most-once).
+Ordering is what keeps pub/sub (at-most-once) from losing a job's first token: the gateway
+writes SUBSCRIBE on this connection before it enqueues the job on another one. With
+`confirmed=True`, `subscribe()` also waits for Redis to acknowledge (needed before reading a
+replay log, as `resume` does). For a new job that wait is not needed: Redis has read the
+SUBSCRIBE before the LPUSH that follows it, and a worker can publish only after a BRPOP
+round trip and its own work; a token missed anyway shows up as a seq gap and is repaired
+from the job's replay stream.
 """
 
 from __future__ import annotations
@@ -42,8 +47,16 @@ class Relay:
     def channels(self) -> int:
         return len(self._handlers)
 
-    async def subscribe(self, channel: str, handler: Handler) -> None:
-        await self._subscribe_and_wait(channel, handler)
+    async def subscribe(self, channel: str, handler: Handler, *, confirmed: bool = True) -> None:
+        if confirmed:
+            await self._subscribe_and_wait(channel, handler)
+            return
+        self._handlers[channel] = handler
+        try:
+            await self._pubsub.subscribe(channel)
+        except BaseException:
+            self._handlers.pop(channel, None)
+            raise
 
     async def _subscribe_and_wait(
         self, channel: str, handler: Handler, start_reader: bool = False

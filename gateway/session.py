@@ -163,7 +163,7 @@ class Session:
         )
         self.jobs[frame.id] = job
         try:
-            await gw.relay.subscribe(job.channel, job.on_message)
+            await gw.relay.subscribe(job.channel, job.on_message, confirmed=False)
             enqueued = time.time()
             job.state.enqueued_at = enqueued
             payload = ChatJob(
