@@ -48,6 +48,15 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         get_settings.cache_clear()
     from workers.app import app
 
+    if solo:
+        # Chat tasks are acked on receipt and never redelivered (a late answer is a wrong
+        # answer), so kombu's unacked bookkeeping would only add Redis round trips in front of
+        # every chat. Bulk workers keep it: their acks_late is what makes writes durable.
+        app.conf.broker_transport_options = {
+            **app.conf.broker_transport_options,
+            "ack_emulation": False,
+        }
+
     name = args.name or f"{'-'.join(queues)}@%h"
     app.worker_main(
         argv=[
