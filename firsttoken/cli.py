@@ -215,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
         "Run the simulated OpenAI-compatible engine (see `firsttoken sim-server --help`).",
     )
     p.add_argument("rest", nargs=argparse.REMAINDER, help="options for the simulator")
+
+    from firsttoken.cachecli import add_parser as add_cache_parser
+
+    add_cache_parser(sub)
     return parser
 
 

@@ -54,3 +54,26 @@ class Keys:
     def worker_heartbeats(self, queue: str) -> str:
         """Sorted set: worker name -> last heartbeat (unix seconds)."""
         return f"{self.prefix}:workers:{queue}"
+
+    # --- semantic cache (issue 4) -------------------------------------------------------
+    def cache_entry(self, entry_id: str) -> str:
+        """Hash: one cached answer (question, context, vectors, answer, usage); expires by TTL."""
+        return f"{self.prefix}:cache:e:{entry_id}"
+
+    def cache_exact(self, tenant_id: str, exact_hash: str) -> str:
+        """String: entry id of the exact request hash; expires with the entry."""
+        return f"{self.prefix}:cache:x:{tenant_id}:{exact_hash}"
+
+    def cache_lru(self, tenant_id: str) -> str:
+        """Sorted set: entry id -> last use (unix s); the per-tenant cap evicts the lowest."""
+        return f"{self.prefix}:cache:lru:{tenant_id}"
+
+    @property
+    def cache_tenants(self) -> str:
+        """Set of tenant ids that have cache entries (a restarted worker rebuilds from these)."""
+        return f"{self.prefix}:cache:tenants"
+
+    @property
+    def cache_events(self) -> str:
+        """Stream of added/removed entries that every chat worker process follows."""
+        return f"{self.prefix}:cache:events"

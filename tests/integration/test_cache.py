@@ -1,0 +1,173 @@
+"""The semantic cache end to end: real gateway, two chat worker processes, Redis, the ONNX model."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import websockets
+
+from tests.integration.conftest import Client, Services, Stack, _migrate_and_key, make_stack
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cstack(
+    services: Services, migrated: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """Two chat workers (no bulk worker: usage rows are not under test here)."""
+    with make_stack(
+        services,
+        migrated,
+        tmp_path_factory.mktemp("cachelogs"),
+        workers=2,
+        bulk=False,
+        cache_max_temperature="0.5",
+    ) as s:
+        s.wait_ready()
+        yield s
+
+
+async def _client(stack: Stack, key: str | None = None) -> Client:
+    ws = await websockets.connect(
+        stack.ws_url, additional_headers={"Authorization": f"Bearer {key or stack.api_key}"}
+    )
+    return Client(ws)
+
+
+async def _ask(
+    client: Client, chat_id: str, messages: str | list[dict[str, str]], **extra: Any
+) -> tuple[str, dict[str, Any]]:
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    await client.send({"type": "chat", "id": chat_id, "messages": messages, **extra})
+    tokens, last = await client.until_end(chat_id, timeout=30)
+    assert last["type"] == "done", last
+    assert [t["seq"] for t in tokens] == list(range(len(tokens)))
+    return "".join(t["text"] for t in tokens), last
+
+
+async def _stored(client: Client, text: str, tag: str) -> str:
+    """Ask once uncached and give the workers time to store and sync the answer."""
+    answer, done = await _ask(client, f"{tag}-seed", text)
+    assert done["cached"] is False
+    await asyncio.sleep(1.0)  # the store is off the hot path; sync is promised within 1 s
+    return answer
+
+
+async def test_repeat_is_replayed_from_cache_with_usage_and_timings(cstack: Stack) -> None:
+    """The same question again streams the stored answer as tokens; done says cached=true."""
+    client = await _client(cstack)
+    answer = await _stored(client, "What is the return policy for shoes?", "r")
+    again, done = await _ask(client, "r-again", "what is the return policy for shoes")
+    assert done["cached"] is True and again == answer
+    assert done["usage"]["completion_tokens"] > 0
+    assert "cache_ms" in done["timings"] and "total_ms" in done["timings"]
+    await client.ws.close()
+
+
+async def test_paraphrase_is_served_by_either_worker_within_a_second(cstack: Stack) -> None:
+    """An entry stored by one worker process is served by both within 1 s."""
+    client = await _client(cstack)
+    answer = await _stored(client, "How do I reset my password?", "p")
+    ids = [f"p{i}" for i in range(8)]
+    for chat_id in ids:  # concurrently, so both chat workers take some
+        await client.chat(chat_id, "How can I reset my password?")
+    for chat_id in ids:
+        tokens, done = await client.until_end(chat_id, timeout=30)
+        assert done["type"] == "done" and done["cached"] is True, done
+        assert "".join(t["text"] for t in tokens) == answer
+    await client.ws.close()
+
+
+@pytest.mark.parametrize(
+    ("seed", "trap"),
+    [
+        ("Is it safe to take aspirin with ibuprofen?", "Is it unsafe to take aspirin with ibuprofen?"),  # noqa: E501
+        ("Track order 48213", "Track order 48231"),
+    ],
+)  # fmt: skip
+async def test_traps_are_not_served(cstack: Stack, seed: str, trap: str) -> None:
+    """Near-identical questions with a different answer go to the engine."""
+    client = await _client(cstack)
+    await _stored(client, seed, "t")
+    _, done = await _ask(client, "t-trap", trap)
+    assert done["cached"] is False
+    await client.ws.close()
+
+
+async def test_cache_false_bypasses(cstack: Stack) -> None:
+    """A client asking cache:false gets a fresh generation even for a cached question."""
+    client = await _client(cstack)
+    await _stored(client, "Which payment methods do you accept?", "b")
+    _, done = await _ask(client, "b2", "Which payment methods do you accept?", cache=False)
+    assert done["cached"] is False
+    await client.ws.close()
+
+
+async def test_tenants_are_isolated(cstack: Stack) -> None:
+    """Another tenant never gets this tenant's cached answer."""
+    other_key = await asyncio.to_thread(_migrate_and_key, cstack.services.database_url)
+    mine, theirs = await _client(cstack), await _client(cstack, other_key)
+    await _stored(mine, "What is the warranty period for this laptop?", "i")
+    _, done = await _ask(theirs, "i2", "What is the warranty period for this laptop?")
+    assert done["cached"] is False
+    await mine.ws.close()
+    await theirs.ws.close()
+
+
+async def test_follow_up_in_another_conversation_is_not_served(cstack: Stack) -> None:
+    """'Can you cancel it?' about one order is not the answer about another order."""
+    client = await _client(cstack)
+
+    def convo(order: str, item: str) -> list[dict[str, str]]:
+        return [
+            {"role": "user", "content": f"I ordered {item} last week, order {order}."},
+            {"role": "assistant", "content": f"I found order {order}: {item}, shipped Monday."},
+            {"role": "user", "content": "Can you cancel it?"},
+        ]
+
+    _, first = await _ask(client, "c1", convo("48213", "a blue jacket"))
+    assert first["cached"] is False
+    await asyncio.sleep(1.0)
+    _, same = await _ask(client, "c2", convo("48213", "a blue jacket"))
+    _, other = await _ask(client, "c3", convo("77120", "running shoes"))
+    assert same["cached"] is True and other["cached"] is False
+    await client.ws.close()
+
+
+async def test_high_temperature_and_truncated_answers_are_not_cached(cstack: Stack) -> None:
+    """Answers sampled hot or cut by max_tokens are never stored."""
+    client = await _client(cstack)
+    for tag, extra in (("hot", {"temperature": 1.0}), ("cut", {"max_tokens": 2})):
+        text = f"Tell me about {tag} answers and caching"
+        _, done = await _ask(client, f"{tag}1", text, **extra)
+        assert done["cached"] is False
+        if tag == "cut":
+            assert done["finish_reason"] == "length"
+        await asyncio.sleep(1.0)
+        _, done = await _ask(client, f"{tag}2", text, **extra)
+        assert done["cached"] is False, tag
+    await client.ws.close()
+
+
+async def test_restarted_workers_rebuild_from_redis(cstack: Stack) -> None:
+    """After every chat worker restarts, a paraphrase is still served (index rebuilt)."""
+    client = await _client(cstack)
+    answer = await _stored(client, "How do I export my data?", "w")
+    for name in ("chat0", "chat1"):
+        cstack.procs[name].stop()
+    await asyncio.to_thread(cstack.start_worker, "chat0")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status, _ = await asyncio.to_thread(cstack.get, "/readyz")
+        if status == 200:
+            break
+        await asyncio.sleep(0.3)
+    again, done = await _ask(client, "w2", "How can I export my data?")
+    assert done["cached"] is True and again == answer
+    await client.ws.close()

@@ -1,0 +1,86 @@
+# ruff: noqa: RUF001, E501  (Chinese punctuation in test data)
+"""Guards and normalisation of the semantic cache (pure, no model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.cache.guards import disagreement, features
+from shared.cache.normalize import canonical, exact_key, normalize, split_turn
+from shared.protocol import Message
+
+
+def _differ(a: str, b: str) -> str | None:
+    return disagreement(features(a), features(b))
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "reason"),
+    [
+        ("Is it safe to take aspirin with ibuprofen?", "Is it unsafe to take aspirin with ibuprofen?", "negation_prefix"),
+        ("Track order 48213", "Track order 48231", "numbers"),
+        ("What's the weather in Paris tomorrow?", "What's the weather in London tomorrow?", "entities"),
+        ("Is the museum open on Monday?", "Is the museum open on Sunday?", "dates"),
+        ("How do I enable dark mode?", "How do I disable dark mode?", "antonym"),
+        ("How do I delete my files?", "How do I delete all files?", "scope"),
+        ("Why does my phone charge?", "Why does my phone not charge?", "negation"),
+        ("阿司匹林和布洛芬一起吃安全吗？", "阿司匹林和布洛芬一起吃不安全吗？", "negation"),
+        ("北京今天天气怎么样？", "上海今天天气怎么样？", "zh_content"),
+        ("二十三路公交几点收车？", "三十二路公交几点收车？", "numbers"),
+        ("今天天气怎么样？", "明天天气怎么样？", "dates"),
+    ],
+)  # fmt: skip
+def test_traps_disagree(a: str, b: str, reason: str) -> None:
+    """Each kind of trap is caught by the guard meant for it."""
+    assert _differ(a, b) == reason
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("How do I reset my password?", "how can i reset my password"),
+        ("I can't log in to my account", "I cannot log in to my account"),
+        ("今天北京天气怎么样？", "北京今天天气如何？"),
+        ("订单二十三号在哪", "订单23号在哪"),
+        ("怎么重置密码？", "请问如何重置密码呢？"),
+    ],
+)
+def test_paraphrases_agree(a: str, b: str) -> None:
+    """Wording differences that keep the answer pass every guard."""
+    assert _differ(a, b) is None
+
+
+def test_normalize_folds_case_width_space_and_edge_punctuation() -> None:
+    """The exact tier treats case, full-width forms, spacing and end punctuation as equal."""
+    assert normalize("  What IS   Docker？ ") == normalize("what is docker") == "what is docker"
+
+
+def test_canonical_folds_chinese_fillers_and_synonyms() -> None:
+    """Polite fillers and interchangeable question words are folded for comparison."""
+    assert canonical("请问怎么重置密码呢？") == canonical("如何重置密码")
+
+
+def test_exact_key_depends_on_tenant_model_context_and_sampling() -> None:
+    """Any change that can change the answer changes the exact key."""
+    msgs = [Message(role="user", content="hi")]
+    base = {"tenant": "t", "model": "m", "messages": msgs, "max_tokens": 10, "temperature": None}
+    key = exact_key(**base)  # type: ignore[arg-type]
+    assert key == exact_key(**{**base, "messages": [Message(role="user", content="HI ")]})  # type: ignore[arg-type]
+    for change in (
+        {"tenant": "u"},
+        {"model": "n"},
+        {"max_tokens": 11},
+        {"temperature": 0.5},
+        {"messages": [Message(role="system", content="be brief"), *msgs]},
+    ):
+        assert exact_key(**{**base, **change}) != key, change  # type: ignore[arg-type]
+
+
+def test_split_turn_keeps_recent_context_only() -> None:
+    """The context is the last N earlier turns; the system prompt is kept apart."""
+    msgs = [Message(role="system", content="S")] + [
+        Message(role="user" if i % 2 == 0 else "assistant", content=f"m{i}") for i in range(7)
+    ]
+    turn = split_turn(msgs, context_messages=2)
+    assert turn.system == "s" and turn.question == "m6"
+    assert [c for _, c in turn.context] == ["m4", "m5"]

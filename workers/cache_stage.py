@@ -1,0 +1,268 @@
+"""The chat worker's cache stage: lookup before generation, replay on a hit, store after a clean
+answer. Decisions come from shared.cache.policy; this module only moves data.
+
+One :class:`CacheStage` per worker process (the embedder is loaded once, the index rebuilt once).
+Embedding runs on one dedicated thread: ONNX releases the GIL, so the event loop keeps relaying
+other chats' tokens meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from shared.cache.index import Vector
+from shared.cache.policy import Policy, Query, judge, servable, storable
+from shared.cache.store import CacheStore, NewEntry, StoredAnswer
+from shared.embeddings.base import Embedder
+from shared.embeddings.factory import make_embedder
+from shared.protocol import CHUNK_DONE, dumps
+from shared.settings import Settings
+from shared.tasks import ChatJob
+from workers.context import WorkerContext
+from workers.publish import JobPublisher
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Lookup:
+    """The outcome of one lookup; carries the request's vectors on to the store step."""
+
+    query: Query | None = None
+    hit: StoredAnswer | None = None
+    tier: str = "miss"  # exact | semantic | miss | off
+    vector: Vector | None = None
+    context_vector: Vector | None = None
+    reasons: list[str] = field(default_factory=list)
+
+
+def policy_from(settings: Settings) -> Policy:
+    return Policy(
+        threshold=settings.cache_threshold,
+        context_threshold=settings.cache_context_threshold,
+        context_messages=settings.cache_context_messages,
+        max_temperature=settings.cache_max_temperature,
+        store_truncated=settings.cache_store_truncated,
+    )
+
+
+class CacheStage:
+    def __init__(self, ctx: WorkerContext, embedder: Embedder | None) -> None:
+        settings = ctx.settings
+        self.settings = settings
+        self.policy = policy_from(settings)
+        self.embedder = embedder
+        self.embedder_name = embedder.name if embedder else "none"
+        self.store = CacheStore(
+            ctx.redis,
+            ctx.keys,
+            dim=embedder.dim if embedder and embedder.dim else 384,
+            ttl_s=settings.cache_ttl_s,
+            max_entries=settings.cache_max_entries,
+            ann_min_entries=settings.cache_ann_min_entries,
+        )
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="embed")
+        self._pending: set[asyncio.Task[None]] = set()
+
+    async def _embed(self, texts: list[str]) -> list[Vector]:
+        assert self.embedder is not None
+        loop = asyncio.get_running_loop()
+        rows = await loop.run_in_executor(self._pool, self.embedder.embed, texts)
+        return list(rows)
+
+    async def lookup(self, job: ChatJob, model: str) -> Lookup:
+        if not job.cache or not servable(self.policy, job.temperature):
+            return Lookup(tier="off")
+        query = Query(
+            self.policy,
+            tenant=job.tenant_id,
+            model=model,
+            embedder=self.embedder_name,
+            messages=job.messages,
+            max_tokens=job.max_tokens,
+            temperature=job.temperature,
+        )
+        result = Lookup(query=query)
+        hit = await self.store.get_exact(job.tenant_id, query.exact)
+        if hit is not None:
+            result.hit, result.tier = hit, "exact"
+            return result
+        if self.embedder is None:
+            return result
+        texts = [query.embed_question] + ([query.embed_context] if query.embed_context else [])
+        vectors = await self._embed(texts)
+        result.vector = vectors[0]
+        result.context_vector = vectors[1] if len(vectors) > 1 else None
+        found = await self.store.candidates(
+            job.tenant_id,
+            query.partition,
+            result.vector,
+            k=self.settings.cache_candidates,
+            min_score=self.policy.threshold,
+        )
+        for score, candidate, answer in found:
+            reason = judge(self.policy, query, candidate, score, result.context_vector)
+            if reason is None:
+                result.hit, result.tier = answer, "semantic"
+                return result
+            result.reasons.append(reason)
+        return result
+
+    async def replay(
+        self,
+        job: ChatJob,
+        publisher: JobPublisher,
+        model: str,
+        hit: StoredAnswer,
+        points: dict[str, float],
+    ) -> None:
+        """Stream the stored answer as ordinary token chunks, then `done` with cached=true."""
+        size = self.settings.cache_replay_chars
+        text = hit.answer
+        for start in range(0, len(text), size):
+            await publisher.token(text[start : start + size])
+            if start == 0:
+                points["first_chunk_published"] = time.time()
+        points["finished"] = time.time()
+        done = {
+            "type": "done",
+            "id": job.chat_id,
+            "cached": True,
+            "model": model,
+            "finish_reason": "stop",
+            "usage": {"prompt_tokens": 0, "completion_tokens": hit.completion_tokens},
+            "chunks": publisher.next_seq,
+            "points": points,
+        }
+        await publisher.control(CHUNK_DONE, dumps(done))
+        self._background(self.store.touch(job.tenant_id, hit.entry_id))
+
+    def remember(
+        self,
+        lookup: Lookup,
+        *,
+        model: str,
+        temperature: float | None,
+        status: str,
+        finish_reason: str,
+        answer: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> None:
+        """Store a clean answer in the background (after `done` went out)."""
+        if lookup.query is None or not storable(
+            self.policy,
+            status=status,
+            finish_reason=finish_reason,
+            temperature=temperature,
+            answer=answer,
+        ):
+            return
+        self._background(self._store(lookup, model, answer, prompt_tokens, completion_tokens))
+
+    async def _store(
+        self,
+        lookup: Lookup,
+        model: str,
+        answer: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> None:
+        query = lookup.query
+        assert query is not None
+        vector, context_vector = lookup.vector, lookup.context_vector
+        if vector is None and self.embedder is not None:
+            # An exact-tier miss with the semantic tier off, or an embed that was skipped.
+            texts = [query.embed_question] + ([query.embed_context] if query.embed_context else [])
+            rows = await self._embed(texts)
+            vector, context_vector = rows[0], (rows[1] if len(rows) > 1 else None)
+        if vector is None:
+            return
+        await self.store.put(
+            NewEntry(
+                tenant=query.tenant,
+                partition=query.partition,
+                exact=query.exact,
+                question=query.raw_question,
+                context=query.turn.context_text,
+                context_key=query.context,
+                vector=vector,
+                context_vector=context_vector,
+                answer=answer,
+                model=model,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+            )
+        )
+
+    def _background(self, coro: object) -> None:
+        async def guarded() -> None:
+            try:
+                await coro  # type: ignore[misc]
+            except Exception:
+                log.warning("cache write failed", exc_info=True)
+
+        task = asyncio.ensure_future(guarded())
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def close(self) -> None:
+        for task in list(self._pending):
+            with contextlib.suppress(BaseException):
+                await task
+        await self.store.close()
+        self._pool.shutdown(wait=False)
+        if self.embedder is not None:
+            self.embedder.close()
+
+
+_stage: CacheStage | None = None
+_lock: asyncio.Lock | None = None
+
+
+async def get_stage(ctx: WorkerContext) -> CacheStage | None:
+    """The process's cache stage, built on first use under a lock; None when the cache is off
+    or cannot start (the chat then runs uncached, and the reason is logged once)."""
+    global _stage, _lock
+    if not ctx.settings.cache_enabled:
+        return None
+    if _stage is not None:
+        return _stage
+    if _lock is None:
+        _lock = asyncio.Lock()
+    async with _lock:
+        if _stage is None:
+            embedder: Embedder | None = None
+            if ctx.settings.cache_semantic:
+                try:
+                    embedder = make_embedder(ctx.settings)
+                except Exception:
+                    log.error("semantic cache disabled: embedder failed to load", exc_info=True)
+            stage = CacheStage(ctx, embedder)
+            await stage.store.start()
+            _stage = stage
+    return _stage
+
+
+async def lookup(ctx: WorkerContext, job: ChatJob, model: str) -> tuple[CacheStage | None, Lookup]:
+    """Never raises: a cache failure is a miss."""
+    try:
+        stage = await get_stage(ctx)
+        if stage is None:
+            return None, Lookup(tier="off")
+        return stage, await stage.lookup(job, model)
+    except Exception:
+        log.warning("cache lookup failed; answering uncached", exc_info=True)
+        return None, Lookup(tier="off")
+
+
+async def close_stage() -> None:
+    global _stage
+    if _stage is not None:
+        stage, _stage = _stage, None
+        await stage.close()
