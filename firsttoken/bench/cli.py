@@ -12,7 +12,9 @@ import argparse
 import asyncio
 import dataclasses
 import math
+import os
 import platform
+import signal
 import sys
 import time
 from contextlib import ExitStack
@@ -222,8 +224,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def machine() -> dict[str, Any]:
-    import os
-
     cpu = platform.processor() or "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -361,6 +361,7 @@ class Bench:
             )
             label = f"{mode} {point.label} #{repeat + 1}"
             progress = Progress(label, requests, enabled=not a.no_progress and sys.stderr.isatty())
+            load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
             pids = self._pids()
             cpu0 = {n: cpu_seconds(p) for n, p in pids.items()}
             outcome = await drive(
@@ -386,6 +387,8 @@ class Bench:
             "summary": summary,
             "client_cpu_share": outcome.client_cpu_share,
             "server_cpu_share": server_cpu,
+            # Other work on the machine shows here: compare with the number of cores.
+            "loadavg_1m_before": load_before,
         }
         if a.keep_results:
             run["results"] = [dataclasses.asdict(r) for r in outcome.results]
@@ -432,6 +435,19 @@ def sustainable(
     }
 
 
+def _command_line() -> str:
+    import shlex
+
+    argv = sys.argv[1:]
+    if sys.argv[0].endswith("__main__.py"):
+        return "python -m firsttoken.bench " + shlex.join(argv)
+    return "firsttoken " + shlex.join(argv)
+
+
+def _raise_exit(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run(args: argparse.Namespace) -> int:
     from firsttoken.bench.report import plot, print_report, write_json
 
@@ -445,6 +461,8 @@ def run(args: argparse.Namespace) -> int:
     if args.url and not args.api_key:
         print("firsttoken bench: --url needs --api-key", file=sys.stderr)
         return 2
+    # SIGTERM (e.g. from `timeout`) must stop the children too: raise, so the ExitStack runs.
+    signal.signal(signal.SIGTERM, _raise_exit)
     bench = Bench(args)
     info = machine()
     print(
@@ -497,7 +515,7 @@ def run(args: argparse.Namespace) -> int:
     }
     payload = {
         "machine": info,
-        "command": " ".join(sys.argv),
+        "command": _command_line(),
         "settings": settings,
         "profile": dataclasses.asdict(get_profile(args.profile)),
         "stack": {

@@ -182,3 +182,58 @@ def plot(path: Path, samples: Mapping[str, Sequence[RequestResult]], title: str)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def markdown_from_json(path: Path) -> str:
+    """The tables of a saved run (``--json``), as Markdown: what BENCHMARKS.md quotes."""
+    data = json.loads(path.read_text())
+    agg = data["aggregate"]
+    parts = [f"`{data['command']}`", "", summary_table(_nan(agg))]
+    added = added_table(_nan(agg))
+    if added:
+        parts += ["", added]
+    for load in agg:
+        table = before_after_table(_nan(agg), load)
+        if table:
+            parts += ["", table]
+    cpu: dict[str, dict[str, list[float]]] = {}
+    for run in data["runs"]:
+        for proc, share in run.get("server_cpu_share", {}).items():
+            if share is not None and share > 0.005:
+                cpu.setdefault(f"{run['mode']} {run['load']}", {}).setdefault(proc, []).append(
+                    share
+                )
+    if cpu:
+        parts += ["", "CPU per process (share of one core, median over repeats):", ""]
+        for label, procs in cpu.items():
+            shares = ", ".join(f"{p} {sorted(v)[len(v) // 2]:.0%}" for p, v in procs.items())
+            parts.append(f"- {label}: {shares}")
+    loads = [r.get("loadavg_1m_before") for r in data["runs"]]
+    loads = [x for x in loads if x is not None]
+    if loads:
+        parts += ["", f"1-minute load average before the runs: {min(loads):.1f}..{max(loads):.1f}"]
+    if data.get("sustainable"):
+        s = data["sustainable"]
+        parts += [
+            "",
+            f"highest rate with p99 added TTFT <= {s['limit_ms']:g} ms and no errors: "
+            f"{s['highest_rate']} req/s",
+        ]
+    return "\n".join(parts)
+
+
+def _nan(value: Any) -> Any:
+    """JSON nulls back to NaN, for the table helpers."""
+    if value is None:
+        return math.nan
+    if isinstance(value, dict):
+        return {k: _nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan(v) for v in value]
+    return value
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        print(markdown_from_json(Path(arg)))
+        print()

@@ -83,7 +83,21 @@ def summarize_run(results: Sequence[RequestResult], wall_s: float) -> dict[str, 
         "total_ms": summarize([r.total_ms for r in ok if r.total_ms is not None]),
         "gap_ms": summarize(gaps),
         "server_queue_ms": summarize(queue),
+        # The stack's own stage timings (from its `done` frames), p50 and p99 of each stage.
+        "server_stages_ms": {
+            key: {f"p{q}": percentile(vals, q) for q in (50, 99)}
+            for key, vals in _stages(ok).items()
+        },
     }
+
+
+def _stages(results: Sequence[RequestResult]) -> dict[str, list[float]]:
+    stages: dict[str, list[float]] = {}
+    for r in results:
+        for key, value in r.server_timings.items():
+            if isinstance(value, int | float):
+                stages.setdefault(key, []).append(float(value))
+    return stages
 
 
 def added(
