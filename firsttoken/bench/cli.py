@@ -181,6 +181,20 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "sustainable (default %(default)s)",
     )
     p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=None,
+        metavar="PCT",
+        help="before each measured run, wait until at most PCT%% of the machine's CPU is busy "
+        "(other work would show up as latency); the busy share seen is recorded per run",
+    )
+    p.add_argument(
+        "--wait-idle-max",
+        type=float,
+        default=300.0,
+        help="longest wait for --wait-idle, seconds; then run anyway (default %(default)s)",
+    )
+    p.add_argument(
         "--json",
         type=Path,
         default=None,
@@ -330,6 +344,26 @@ class Bench:
             )
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
 
+    async def _wait_idle(self) -> float:
+        """The machine's busy share just before a run, after waiting for it to drop below
+        --wait-idle (when given)."""
+        from firsttoken.bench.stack import machine_busy_share
+
+        limit = self.args.wait_idle
+        deadline = time.monotonic() + self.args.wait_idle_max
+        while True:
+            busy = await asyncio.to_thread(machine_busy_share, 1.0)
+            if limit is None or math.isnan(busy) or busy * 100 <= limit:
+                return busy
+            if time.monotonic() > deadline:
+                print(
+                    f"  machine still {busy:.0%} busy after {self.args.wait_idle_max:.0f}s; "
+                    "running anyway",
+                    flush=True,
+                )
+                return busy
+            await asyncio.sleep(2.0)
+
     def _pids(self) -> dict[str, int]:
         pids = {name: c.pid for name, c in self.stack.procs.items()} if self.stack else {}
         if self.peer and self.peer.child:
@@ -362,6 +396,7 @@ class Bench:
             label = f"{mode} {point.label} #{repeat + 1}"
             progress = Progress(label, requests, enabled=not a.no_progress and sys.stderr.isatty())
             load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+            busy_before = await self._wait_idle()
             pids = self._pids()
             cpu0 = {n: cpu_seconds(p) for n, p in pids.items()}
             outcome = await drive(
@@ -389,6 +424,7 @@ class Bench:
             "server_cpu_share": server_cpu,
             # Other work on the machine shows here: compare with the number of cores.
             "loadavg_1m_before": load_before,
+            "machine_busy_before": busy_before,
         }
         if a.keep_results:
             run["results"] = [dataclasses.asdict(r) for r in outcome.results]
@@ -400,7 +436,8 @@ class Bench:
             f"  {label}: {summary['ok']}/{summary['requests']} ok, {summary['errors']} errors "
             f"{summary['error_codes'] or ''}, TTFT p50 {t['p50']:.1f} p99 {t['p99']:.1f} ms, "
             f"{summary['tokens_per_s']:.0f} tok/s, {summary['qps']:.1f} req/s, "
-            f"client CPU {outcome.client_cpu_share:.0%} | {cpu}",
+            f"client CPU {outcome.client_cpu_share:.0%}, machine busy before {busy_before:.0%} "
+            f"| {cpu}",
             flush=True,
         )
         return run

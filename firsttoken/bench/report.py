@@ -210,6 +210,10 @@ def markdown_from_json(path: Path) -> str:
             parts.append(f"- {label}: {shares}")
     loads = [r.get("loadavg_1m_before") for r in data["runs"]]
     loads = [x for x in loads if x is not None]
+    busy = [r.get("machine_busy_before") for r in data["runs"]]
+    busy = [x for x in busy if x is not None]
+    if busy:
+        parts += ["", f"machine CPU busy just before the runs: {min(busy):.0%}..{max(busy):.0%}"]
     if loads:
         parts += ["", f"1-minute load average before the runs: {min(loads):.1f}..{max(loads):.1f}"]
     if data.get("sustainable"):

@@ -78,6 +78,25 @@ def cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
+def machine_busy_share(window_s: float = 2.0) -> float:
+    """Share of all cores busy over a short window (Linux /proc/stat; NaN elsewhere): other
+    work on the machine would show up as latency in every mode."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return sum(fields[:8]), idle
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(window_s)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+    spent = total1 - total0
+    return 1 - (idle1 - idle0) / spent if spent > 0 else float("nan")
+
+
 class Child:
     """A child process with its output in a log file."""
 
