@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from collections.abc import Callable
@@ -90,27 +89,6 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_keys_create(args: argparse.Namespace) -> int:
-    from shared.db.apikeys import create_tenant_and_key
-    from shared.db.session import make_engine, make_sessionmaker
-    from shared.settings import get_settings
-
-    async def create() -> tuple[str, str, str]:
-        engine = make_engine(get_settings().database_url)
-        try:
-            async with make_sessionmaker(engine)() as session:
-                result = await create_tenant_and_key(session, args.tenant, scope=args.scope)
-                await session.commit()
-                return result
-        finally:
-            await engine.dispose()
-
-    tenant_id, key_id, key = asyncio.run(create())
-    print(f"tenant {args.tenant} ({tenant_id}), key id {key_id}")
-    print(f"API key (shown once, store it now): {key}")
-    return 0
-
-
 def _cmd_chat(args: argparse.Namespace) -> int:
     from firsttoken.client import run_chat
 
@@ -178,14 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("migrate", _cmd_migrate, "Apply database migrations (FIRSTTOKEN_DATABASE_URL).")
 
-    keys = sub.add_parser("keys", help="Manage API keys.", description="Manage API keys.")
-    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
-    p = keys_sub.add_parser(
-        "create", help="Create an API key for a tenant (created if new); the key is printed once."
-    )
-    p.add_argument("--tenant", required=True, help="tenant name")
-    p.add_argument("--scope", default="chat", choices=["chat", "admin"], help="key scope")
-    p.set_defaults(fn=_cmd_keys_create)
+    from firsttoken.keyscli import register as register_keys
+
+    register_keys(sub)
 
     p = add(
         "chat",

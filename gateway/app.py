@@ -17,7 +17,7 @@ from gateway.auth import key_from_request
 from gateway.session import Session
 from gateway.state import Gateway
 from shared.db.session import ping as db_ping
-from shared.errors import FirstTokenError, error_frame
+from shared.errors import FirstTokenError, Overloaded, Unauthorized, error_frame
 from shared.models import model_table
 from shared.protocol import dumps
 from shared.settings import Settings, get_settings
@@ -25,17 +25,44 @@ from shared.settings import Settings, get_settings
 READY_CHECK_TIMEOUT_S = 2.0
 
 
+async def _refuse(gw: Gateway, ws: WebSocket, exc: FirstTokenError, code: int) -> None:
+    """Tell the client why (an `error` frame), then close: a bare HTTP 403 says nothing."""
+    gw.metrics.errors.labels(exc.code.value).inc()
+    await ws.send_text(dumps(error_frame(None, exc)))
+    await ws.close(code=code, reason=exc.code.value)
+
+
 async def websocket_endpoint(ws: WebSocket) -> None:
     gw: Gateway = ws.app.state.gateway
     await ws.accept()
+    origin = ws.headers.get("origin")
+    if not gw.guard.origin_ok(origin, ws.headers.get("host")):
+        exc: FirstTokenError = Unauthorized(
+            f"origin {(origin or '')[:200]!r} may not open websockets here; "
+            "an operator can allow it with FIRSTTOKEN_ALLOWED_ORIGINS"
+        )
+        await _refuse(gw, ws, exc, 1008)
+        return
+    if not gw.guard.try_open():
+        exc = Overloaded(
+            f"this gateway process is at its limit of {gw.guard.max_connections} connections; "
+            "retry later"
+        )
+        await _refuse(gw, ws, exc, 1013)
+        return
+    try:
+        await _serve(gw, ws)
+    finally:
+        gw.guard.release()
+
+
+async def _serve(gw: Gateway, ws: WebSocket) -> None:
     try:
         principal = await gw.auth.authenticate(
             key_from_request(dict(ws.headers), dict(ws.query_params))
         )
     except FirstTokenError as exc:
-        gw.metrics.errors.labels(exc.code.value).inc()
-        await ws.send_text(dumps(error_frame(None, exc)))
-        await ws.close(code=1008, reason=exc.code.value)
+        await _refuse(gw, ws, exc, 1008)
         return
     session = Session(gw, ws, principal)
     gw.sessions.add(session)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from shared.db.apikeys import hash_key, lookup_key
 from shared.errors import Unauthorized
 from shared.keys import Keys
+from shared.limits import Limits, resolve_limits
 
 # How long Redis keeps a key record filled from the database.
 REDIS_KEY_TTL_S = 300
@@ -26,6 +27,7 @@ class Principal:
     tenant_id: str
     key_id: str
     scope: str
+    limits: Limits = field(default_factory=Limits)
 
 
 def key_from_request(headers: dict[str, str], query: dict[str, str]) -> str | None:
@@ -44,12 +46,18 @@ class Authenticator:
         keys: Keys,
         sessions: async_sessionmaker[AsyncSession],
         cache_s: float,
+        defaults: Limits | None = None,
     ) -> None:
         self._redis = redis
         self._keys = keys
         self._sessions = sessions
         self._cache_s = cache_s
+        self._defaults = defaults or Limits()
         self._cache: dict[str, tuple[float, Principal | None]] = {}
+
+    def invalidate(self, key_hash: str) -> None:
+        """Forget a cached lookup (a key was revoked or changed on some gateway's CLI)."""
+        self._cache.pop(key_hash, None)
 
     async def authenticate(self, key: str | None) -> Principal:
         if not key:
@@ -84,10 +92,13 @@ class Authenticator:
                 "key_id": info.key_id,
                 "scope": info.scope,
                 "revoked": info.revoked,
+                "limits": [info.rpm, info.tpm, info.max_streams, info.tenant_rpm, info.tenant_tpm],
             }
             await self._redis.set(
                 self._keys.api_key(digest), json.dumps(record), ex=REDIS_KEY_TTL_S
             )
         if record.get("revoked"):
             return None
-        return Principal(record["tenant_id"], record["key_id"], record.get("scope", "chat"))
+        raw_limits = record.get("limits") or [None] * 5
+        limits = resolve_limits(raw_limits[:3], raw_limits[3:], self._defaults)
+        return Principal(record["tenant_id"], record["key_id"], record.get("scope", "chat"), limits)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -15,6 +16,8 @@ from typing import TYPE_CHECKING
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from gateway.auth import Principal
+from gateway.limits import check_message_chars
+from gateway.ratelimit import Admission
 from gateway.relaystate import RelayState, Step
 from shared.errors import (
     Cancelled,
@@ -26,6 +29,12 @@ from shared.errors import (
     error_frame,
 )
 from shared.keys import CHAT_QUEUE, CHAT_TASK
+from shared.limits import (
+    charged_without_usage,
+    estimate_prompt_tokens,
+    reservation,
+    tokens_over_limit,
+)
 from shared.models import model_table
 from shared.protocol import (
     CancelFrame,
@@ -47,7 +56,7 @@ log = logging.getLogger(__name__)
 class Job:
     """A chat this connection is relaying."""
 
-    __slots__ = ("channel", "deadline_at", "job_id", "session", "state")
+    __slots__ = ("admission", "channel", "deadline_at", "job_id", "session", "state", "used")
 
     def __init__(self, session: Session, job_id: str, state: RelayState, deadline_at: float):
         self.session = session
@@ -55,6 +64,10 @@ class Job:
         self.channel = session.gw.keys.job_channel(job_id)
         self.state = state
         self.deadline_at = deadline_at
+        # Rate-limit reservation, settled when the job ends; `used` is the worker's exact
+        # token count once its `done` frame has been relayed.
+        self.admission: Admission | None = None
+        self.used: int | None = None
 
     def on_message(self, message: str) -> None:
         self.session.apply(self, self.state.feed(message, time.time()))
@@ -67,6 +80,8 @@ class Session:
         self.principal = principal
         self.jobs: dict[str, Job] = {}
         self._out: asyncio.Queue[str | None] = asyncio.Queue()
+        self.last_active = time.monotonic()
+        self.close_code: int | None = None  # set to close the socket once queued frames are out
 
     # --- outbound ---------------------------------------------------------------------
     def send(self, text: str) -> None:
@@ -81,8 +96,25 @@ class Session:
         while True:
             text = await self._out.get()
             if text is None:
+                if self.close_code is not None:
+                    with contextlib.suppress(Exception):
+                        await self.ws.close(self.close_code)
                 return
             await self.ws.send_text(text)
+
+    def close_with(self, exc: FirstTokenError, code: int) -> None:
+        """End the connection from outside its reader (idle sweep, revoked key)."""
+        if self.close_code is not None:
+            return
+        self.send_error(None, exc)
+        self.close_code = code
+        self._out.put_nowait(None)
+
+    def close_idle(self) -> None:
+        timeout = self.gw.settings.idle_timeout_s
+        self.close_with(
+            DeadlineExceeded(f"connection closed after {timeout:g}s without a frame"), 1001
+        )
 
     # --- inbound ----------------------------------------------------------------------
     async def run(self) -> None:
@@ -92,6 +124,7 @@ class Session:
                 msg = await self.ws.receive()
                 if msg["type"] == "websocket.disconnect":
                     break
+                self.last_active = time.monotonic()
                 raw = msg.get("text")
                 if raw is None:
                     raw = msg.get("bytes") or b""
@@ -153,14 +186,34 @@ class Session:
             raise InvalidRequest("the last message must have role 'user'")
         # Unknown models are refused here, before anything is enqueued (lists the known ones).
         model_table(settings).get(frame.model)
+        check_message_chars(frame.messages, settings.max_message_chars)
+        prompt_estimate = estimate_prompt_tokens(m.content for m in frame.messages)
+        reserved = reservation(prompt_estimate, max_tokens)
+        limits = self.principal.limits
+        over = tokens_over_limit(reserved, limits)
+        if over is not None:
+            raise InvalidRequest(
+                f"this chat needs up to {reserved} tokens (prompt estimate + max_tokens), more "
+                f"than the {over} tokens per minute this key may use; lower max_tokens"
+            )
         if not await gw.chat_workers_alive():
             raise Overloaded(
                 "no chat worker is running; start one with `firsttoken worker --queues chat`"
             )
         job_id = new_id()
+        # All limits in one round trip; refused chats cost nothing more.
+        admission = await gw.limiter.admit(
+            job_id=job_id,
+            key_id=self.principal.key_id,
+            tenant_id=self.principal.tenant_id,
+            limits=limits,
+            tokens=reserved,
+            prompt_estimate=prompt_estimate,
+        )
         job = Job(
             self, job_id, RelayState(frame.id, received), received + settings.queue_deadline_s
         )
+        job.admission = admission
         self.jobs[frame.id] = job
         try:
             await gw.relay.subscribe(job.channel, job.on_message, confirmed=False)
@@ -194,6 +247,7 @@ class Session:
         except BaseException:
             self.jobs.pop(frame.id, None)
             await gw.relay.unsubscribe(job.channel)
+            await gw.limiter.settle(admission, 0)
             raise
         gw.jobs[job_id] = job
         gw.metrics.chats.inc()
@@ -233,6 +287,8 @@ class Session:
         if step.repair:
             self.gw.spawn(self._repair(job))
         if step.finished:
+            if job.admission is not None and step.frames:
+                job.used = _done_usage(step.frames[-1])
             self.gw.spawn(self.stop_job(job, notify_worker=False))
 
     async def _repair(self, job: Job) -> None:
@@ -249,9 +305,24 @@ class Session:
             del self.jobs[job.state.chat_id]
         self.gw.jobs.pop(job.job_id, None)
         job.state.finished = True
+        self.last_active = time.monotonic()  # idle time counts from the last chat's end too
         await self.gw.relay.unsubscribe(job.channel)
         if notify_worker:
             await self.gw.cancel_job(job.job_id)
+        admission = job.admission
+        if admission is not None and not admission.settled:
+            # Every end path passes here (done, error, cancel, disconnect, watchdog), so the
+            # stream slot is freed and the unused tokens refunded exactly once.
+            if job.used is not None:
+                charged = job.used
+            else:
+                charged = charged_without_usage(
+                    admission.reserved,
+                    admission.prompt_estimate,
+                    started=job.state.started,
+                    frames=job.state.next_seq,
+                )
+            await self.gw.limiter.settle(admission, charged)
 
     def expire(self, job: Job, now: float) -> None:
         """Called by the gateway's watchdog: end a job whose worker missed a deadline."""
@@ -276,3 +347,14 @@ class Session:
         state.finished = True
         self.send_error(state.chat_id, exc)
         self.gw.spawn(self.stop_job(job, notify_worker=True))
+
+
+def _done_usage(frame: str) -> int | None:
+    """Prompt + completion tokens of a relayed `done` frame; None for any other frame."""
+    if not frame.startswith('{"type":"done"'):
+        return None
+    try:
+        usage = json.loads(frame).get("usage") or {}
+        return int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
+    except (ValueError, TypeError, AttributeError):
+        return None

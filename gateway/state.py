@@ -15,10 +15,14 @@ import redis.asyncio as aioredis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.auth import Authenticator
+from gateway.limits import ConnectionGuard
 from gateway.metrics import GatewayMetrics
+from gateway.ratelimit import RateLimiter
 from gateway.relay import Relay
 from shared.db.session import make_engine, make_sessionmaker
+from shared.errors import Unauthorized
 from shared.keys import CHAT_QUEUE, Keys
+from shared.limits import Limits
 from shared.settings import Settings
 
 if TYPE_CHECKING:
@@ -42,7 +46,23 @@ class Gateway:
         )
         self.db: AsyncEngine = make_engine(settings.database_url)
         self.auth = Authenticator(
-            self.redis, self.keys, make_sessionmaker(self.db), settings.auth_cache_s
+            self.redis,
+            self.keys,
+            make_sessionmaker(self.db),
+            settings.auth_cache_s,
+            Limits(
+                key_rpm=settings.key_rpm_default,
+                key_tpm=settings.key_tpm_default,
+                key_streams=settings.key_max_streams_default,
+                tenant_rpm=settings.tenant_rpm_default,
+                tenant_tpm=settings.tenant_tpm_default,
+            ),
+        )
+        self.limiter = RateLimiter(self.redis, self.keys, settings.stream_lease_s)
+        self.guard = ConnectionGuard(
+            max_connections=settings.max_connections,
+            idle_timeout_s=settings.idle_timeout_s,
+            origins=settings.allowed_origins,
         )
         self.relay = Relay(self.redis, f"{settings.redis_prefix}:gw:{self.name}")
         self.metrics = GatewayMetrics()
@@ -61,9 +81,24 @@ class Gateway:
 
     async def start(self) -> None:
         await self.relay.start()
+        await self.relay.subscribe(self.keys.key_events, self._on_key_event)
+        self.limiter.start()
+        self.guard.start(lambda: self.sessions)
         self._watchdog = asyncio.create_task(self._watch())
 
+    def _on_key_event(self, message: str) -> None:
+        """`revoked <hash> <key_id>` from `firsttoken keys revoke`: forget it, close its sockets."""
+        action, _, rest = message.partition(" ")
+        key_hash, _, key_id = rest.partition(" ")
+        self.auth.invalidate(key_hash)
+        if action == "revoked":
+            for session in list(self.sessions):
+                if session.principal.key_id == key_id:
+                    session.close_with(Unauthorized("this API key has been revoked"), 1008)
+
     async def close(self) -> None:
+        await self.guard.close()
+        await self.limiter.close()
         if self._watchdog is not None:
             self._watchdog.cancel()
             with contextlib.suppress(BaseException):

@@ -55,6 +55,28 @@ class Keys:
         """Sorted set: worker name -> last heartbeat (unix seconds)."""
         return f"{self.prefix}:workers:{queue}"
 
+    # --- keys, rate limits (issue 6) ------------------------------------------------------
+    def rate_window(self, scope: str, subject_id: str) -> str:
+        """Sorted set: request id -> admission time (ms) in the sliding window of a key/tenant."""
+        return f"{self.prefix}:rl:{scope}:{subject_id}:w"
+
+    def rate_tokens(self, scope: str, subject_id: str) -> str:
+        """Hash: request id -> tokens charged, plus the field "=sum" holding their total."""
+        return f"{self.prefix}:rl:{scope}:{subject_id}:t"
+
+    def key_streams(self, key_id: str) -> str:
+        """Sorted set: job id -> lease expiry (ms); a crashed gateway's slots expire with it."""
+        return f"{self.prefix}:streams:{key_id}"
+
+    def key_revoked(self, key_id: str) -> str:
+        """Present once a key is revoked; the admission script refuses the key while it exists."""
+        return f"{self.prefix}:revoked:{key_id}"
+
+    @property
+    def key_events(self) -> str:
+        """Pub/sub: "revoked <key_hash> <key_id>"; every gateway drops the key and its sockets."""
+        return f"{self.prefix}:keyevents"
+
     # --- semantic cache (issue 4) -------------------------------------------------------
     def cache_entry(self, entry_id: str) -> str:
         """Hash: one cached answer (question, context, vectors, answer, usage); expires by TTL."""

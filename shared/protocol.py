@@ -35,6 +35,14 @@ class ChatFrame(_Frame):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     cache: bool = True
+    # Server-kept history (issue 5): "new" starts a conversation (its id comes back in
+    # `accepted` and `done`); an id continues one, and the client sends only the new message.
+    conversation_id: str | None = Field(None, min_length=1, max_length=64)
+
+
+# `model: "auto"` routes the chat to the small or the large model (shared/routing.py).
+AUTO_MODEL = "auto"
+NEW_CONVERSATION = "new"
 
 
 class CancelFrame(_Frame):
@@ -105,6 +113,20 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+# JSON may spell text as \\uXXXX escapes, and an escape of half a surrogate pair decodes to a
+# string no UTF-8 encoder accepts; frames are only checked for that when they use escapes.
+_LONE_SURROGATE_HINT = "\\u"
+
+
+def _check_unicode(data: object) -> None:
+    try:
+        json.dumps(data, ensure_ascii=False).encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(
+            "frame contains text that is not valid UTF-8 (a lone surrogate)"
+        ) from exc
+
+
 def parse_client_frame(
     raw: str | bytes, *, max_bytes: int, max_messages: int
 ) -> ChatFrame | CancelFrame | ResumeFrame | PingFrame:
@@ -116,8 +138,14 @@ def parse_client_frame(
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"frame is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        # A frame of nothing but "[[[[..." nests deeper than the decoder's stack.
+        raise InvalidRequest("frame is nested too deeply") from exc
     if not isinstance(data, dict):
         raise InvalidRequest("frame must be a JSON object with a 'type' field")
+    hint = _LONE_SURROGATE_HINT if isinstance(raw, str) else _LONE_SURROGATE_HINT.encode()
+    if hint in raw:  # type: ignore[operator]
+        _check_unicode(data)
     kind = data.get("type")
     if kind not in CLIENT_FRAME_TYPES:
         raise InvalidRequest(
@@ -138,10 +166,16 @@ def frame_id(raw: str | bytes) -> str | None:
     """Best-effort chat id of a frame that failed validation, so the error names its chat."""
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     value = data.get("id") if isinstance(data, dict) else None
-    return value if isinstance(value, str) and len(value) <= 128 else None
+    if not isinstance(value, str) or len(value) > 128:
+        return None
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return None  # a lone surrogate: not something to echo back
+    return value
 
 
 def dumps(frame: dict[str, Any]) -> str:

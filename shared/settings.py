@@ -107,7 +107,13 @@ class Settings(BaseSettings):
     max_streams_per_connection: int = Field(
         64, ge=1, description="Chats running at once per socket."
     )
-    auth_cache_s: float = Field(1.0, ge=0, description="How long a gateway trusts a key lookup.")
+    auth_cache_s: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="How long a gateway trusts a key lookup; revocations also reach every "
+        "gateway at once over pub/sub, this bounds them if a message is lost.",
+    )
 
     # --- deadlines ------------------------------------------------------------------------
     queue_deadline_s: float = Field(
@@ -140,11 +146,61 @@ class Settings(BaseSettings):
     flush_max_chars: int = Field(256, ge=1, description="Held text is sent early at this size.")
     replay_maxlen: int = Field(2000, ge=10, description="Chunks kept in a job's replay stream.")
     replay_ttl_s: int = Field(600, ge=10, description="How long a job's replay stream lives.")
-    store_text: bool = Field(True, description="Store prompt and answer text in `messages`.")
+    store_text: bool = Field(
+        False,
+        description="Store prompt and answer text in `messages`. Off unless enabled: usage rows "
+        "never need the text, and a deployment must opt in to keeping it.",
+    )
     persist_max_retries: int = Field(
         1000, ge=0, description="Retries of a usage/message write while the database is down."
     )
     persist_retry_backoff_max_s: int = Field(30, ge=1, description="Longest wait between retries.")
+
+    # --- keys, limits, input safety (issue 6) -----------------------------------------------
+    # Per-key and per-tenant limits: a key or tenant row with its own value overrides these;
+    # 0 means no limit. The defaults stop one leaked key from using a public deployment alone.
+    key_rpm_default: int = Field(
+        600, ge=0, description="Requests per minute per API key (sliding 60 s window; 0: none)."
+    )
+    key_tpm_default: int = Field(
+        200_000,
+        ge=0,
+        description="Tokens per minute per API key: prompt estimate + max_tokens are reserved at "
+        "admission, the unused part refunded at the end (0: none).",
+    )
+    key_max_streams_default: int = Field(
+        32, ge=0, description="Chats running at once per API key, over all gateways (0: none)."
+    )
+    tenant_rpm_default: int = Field(
+        3000, ge=0, description="Requests per minute per tenant, over all its keys (0: none)."
+    )
+    tenant_tpm_default: int = Field(
+        1_000_000, ge=0, description="Tokens per minute per tenant, over all its keys (0: none)."
+    )
+    stream_lease_s: float = Field(
+        60.0,
+        ge=1,
+        description="A stream slot is a lease renewed by its gateway: a crashed gateway's slots "
+        "free themselves within this.",
+    )
+    allowed_origins: str = Field(
+        "",
+        description="Comma-separated browser origins (https://app.example.com) allowed to open "
+        "websockets besides the gateway's own; `*` allows any. Clients that send no Origin "
+        "header (not browsers) are not affected.",
+    )
+    max_connections: int = Field(
+        10_000, ge=1, description="Websocket connections per gateway process; more are refused."
+    )
+    idle_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="A connection with no frame from its client and no running chat for this "
+        "long is closed.",
+    )
+    max_message_chars: int = Field(
+        100_000, ge=1, description="Most characters in one message of a chat frame."
+    )
 
     # --- semantic cache (issue 4) -----------------------------------------------------------
     cache_enabled: bool = Field(

@@ -10,6 +10,7 @@ import hashlib
 import secrets
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import cast
 
 from sqlalchemy import Table, select, update
@@ -31,6 +32,27 @@ class KeyInfo:
     key_id: str
     scope: str
     revoked: bool
+    # Limits (issue 6): None takes the gateway's default.
+    rpm: int | None = None
+    tpm: int | None = None
+    max_streams: int | None = None
+    tenant_rpm: int | None = None
+    tenant_tpm: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyListing:
+    """One key as `firsttoken keys list` shows it: never the key itself, nor its hash."""
+
+    key_id: str
+    tenant: str
+    prefix: str
+    scope: str
+    rpm: int | None
+    tpm: int | None
+    max_streams: int | None
+    created_at: datetime
+    revoked_at: datetime | None
 
 
 def generate_key() -> str:
@@ -49,7 +71,14 @@ def display_prefix(key: str) -> str:
 
 
 async def create_tenant_and_key(
-    session: AsyncSession, tenant_name: str, key: str | None = None, scope: str = "chat"
+    session: AsyncSession,
+    tenant_name: str,
+    key: str | None = None,
+    scope: str = "chat",
+    *,
+    rpm: int | None = None,
+    tpm: int | None = None,
+    max_streams: int | None = None,
 ) -> tuple[str, str, str]:
     """Create the tenant if missing and a key for it; returns (tenant_id, key_id, key).
 
@@ -75,6 +104,9 @@ async def create_tenant_and_key(
         "prefix": display_prefix(key),
         "scope": scope,
         "created_at": utcnow(),
+        "rpm": rpm,
+        "tpm": tpm,
+        "max_streams": max_streams,
     }
     await insert_ignore(session, _API_KEYS, [row], ["key_hash"])
     key_tenant, key_id = (
@@ -89,15 +121,33 @@ async def lookup_key(session: AsyncSession, key_hash: str) -> KeyInfo | None:
     """The key with this hash, revoked or not; None when no such key exists."""
     row = (
         await session.execute(
-            select(ApiKey.tenant_id, ApiKey.id, ApiKey.scope, ApiKey.revoked_at).where(
-                ApiKey.key_hash == key_hash
+            select(
+                ApiKey.tenant_id,
+                ApiKey.id,
+                ApiKey.scope,
+                ApiKey.revoked_at,
+                ApiKey.rpm,
+                ApiKey.tpm,
+                ApiKey.max_streams,
+                Tenant.rpm.label("tenant_rpm"),
+                Tenant.tpm.label("tenant_tpm"),
             )
+            .join(Tenant, Tenant.id == ApiKey.tenant_id)
+            .where(ApiKey.key_hash == key_hash)
         )
     ).one_or_none()
     if row is None:
         return None
     return KeyInfo(
-        tenant_id=row.tenant_id, key_id=row.id, scope=row.scope, revoked=row.revoked_at is not None
+        tenant_id=row.tenant_id,
+        key_id=row.id,
+        scope=row.scope,
+        revoked=row.revoked_at is not None,
+        rpm=row.rpm,
+        tpm=row.tpm,
+        max_streams=row.max_streams,
+        tenant_rpm=row.tenant_rpm,
+        tenant_tpm=row.tenant_tpm,
     )
 
 
@@ -110,3 +160,45 @@ async def revoke_key(session: AsyncSession, key_id: str) -> bool:
         .returning(ApiKey.id)
     )
     return result.first() is not None
+
+
+async def set_tenant_limits(
+    session: AsyncSession, tenant_name: str, *, rpm: int | None, tpm: int | None
+) -> bool:
+    """Set a tenant's limits (None leaves a value as it is); False when no such tenant."""
+    values = {k: v for k, v in (("rpm", rpm), ("tpm", tpm)) if v is not None}
+    if not values:
+        return True
+    result = await session.execute(
+        update(Tenant).where(Tenant.name == tenant_name).values(**values).returning(Tenant.id)
+    )
+    return result.first() is not None
+
+
+async def list_keys(session: AsyncSession, tenant_name: str | None = None) -> list[KeyListing]:
+    """Every key (of one tenant, when named), oldest first."""
+    query = (
+        select(
+            ApiKey.id,
+            Tenant.name,
+            ApiKey.prefix,
+            ApiKey.scope,
+            ApiKey.rpm,
+            ApiKey.tpm,
+            ApiKey.max_streams,
+            ApiKey.created_at,
+            ApiKey.revoked_at,
+        )
+        .join(Tenant, Tenant.id == ApiKey.tenant_id)
+        .order_by(ApiKey.created_at, ApiKey.id)
+    )
+    if tenant_name is not None:
+        query = query.where(Tenant.name == tenant_name)
+    return [KeyListing(*row) for row in (await session.execute(query)).all()]
+
+
+async def key_hash_of(session: AsyncSession, key_id: str) -> str | None:
+    """The stored hash of a key id (to find its cached record in Redis), or None."""
+    return (
+        await session.execute(select(ApiKey.key_hash).where(ApiKey.id == key_id))
+    ).scalar_one_or_none()

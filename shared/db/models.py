@@ -52,6 +52,9 @@ class Tenant(Base):
     id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # Limits over all the tenant's keys; NULL takes the gateway's default (issue 6).
+    rpm: Mapped[int | None] = mapped_column(Integer)
+    tpm: Mapped[int | None] = mapped_column(Integer)
 
 
 class ApiKey(Base):
@@ -68,6 +71,10 @@ class ApiKey(Base):
     scope: Mapped[str] = mapped_column(String(32), default="chat", server_default="chat")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Limits of this key; NULL takes the gateway's default, 0 means none (issue 6).
+    rpm: Mapped[int | None] = mapped_column(Integer)
+    tpm: Mapped[int | None] = mapped_column(Integer)
+    max_streams: Mapped[int | None] = mapped_column(Integer)
 
 
 class Conversation(Base):

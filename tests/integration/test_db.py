@@ -98,7 +98,11 @@ async def test_upgrade_engine_runs_inside_a_loop(engine: AsyncEngine) -> None:
     await upgrade_engine(engine)
     async with engine.connect() as conn:
         version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
-    assert version == "0001"
+    from alembic.script import ScriptDirectory
+
+    from shared.db.migrate import alembic_config
+
+    assert version == ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 async def test_insert_usage_is_idempotent(sessions: async_sessionmaker[AsyncSession]) -> None:
