@@ -15,16 +15,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from celery.signals import worker_ready
+
 from shared.cache.index import Vector
 from shared.cache.policy import Policy, Query, judge, servable, storable
 from shared.cache.store import CacheStore, NewEntry, StoredAnswer
 from shared.embeddings.base import Embedder
 from shared.embeddings.factory import make_embedder
+from shared.keys import CHAT_QUEUE
 from shared.protocol import CHUNK_DONE, dumps
 from shared.settings import Settings
 from shared.tasks import ChatJob
-from workers.context import WorkerContext
+from workers.context import WorkerContext, get_context
 from workers.publish import JobPublisher
+from workers.runtime import runner
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +244,8 @@ async def get_stage(ctx: WorkerContext) -> CacheStage | None:
             embedder: Embedder | None = None
             if ctx.settings.cache_semantic:
                 try:
-                    embedder = make_embedder(ctx.settings)
+                    # Off the loop: loading the model takes ~0.3-2 s, other chats keep flowing.
+                    embedder = await asyncio.to_thread(make_embedder, ctx.settings)
                 except Exception:
                     log.error("semantic cache disabled: embedder failed to load", exc_info=True)
             stage = CacheStage(ctx, embedder)
@@ -259,6 +264,23 @@ async def lookup(ctx: WorkerContext, job: ChatJob, model: str) -> tuple[CacheSta
     except Exception:
         log.warning("cache lookup failed; answering uncached", exc_info=True)
         return None, Lookup(tier="off")
+
+
+@worker_ready.connect
+def _warm_on_start(**_: object) -> None:
+    """Load the model and rebuild the index as the worker starts, not on its first chat.
+    (A module-level function: Celery holds signal handlers by weak reference.)"""
+    from workers import context
+
+    if CHAT_QUEUE in context._queues:
+        runner.submit(_warm())
+
+
+async def _warm() -> None:
+    try:
+        await get_stage(await get_context())
+    except Exception:
+        log.warning("cache warm-up failed; the first chat will retry", exc_info=True)
 
 
 async def close_stage() -> None:

@@ -174,11 +174,25 @@ class CacheIndex:
         self._parts: dict[tuple[str, str], Partition] = {}
         self._where: dict[int, tuple[str, str]] = {}
         self._expires: dict[int, float] = {}
+        # Exact-tier pointers: the hit path then needs one Redis round trip, not two.
+        self._exact: dict[tuple[str, str], int] = {}
+        self._exact_of: dict[int, tuple[str, str]] = {}
 
     def __len__(self) -> int:
         return len(self._where)
 
-    def add(self, tenant: str, part: str, key: int, vector: Vector, expires_at: float) -> None:
+    def add(
+        self,
+        tenant: str,
+        part: str,
+        key: int,
+        vector: Vector,
+        expires_at: float,
+        exact: str = "",
+    ) -> None:
+        if exact:
+            self._exact[(tenant, exact)] = key
+            self._exact_of[key] = (tenant, exact)
         where = (tenant, part)
         if self._where.get(key, where) != where:
             self.remove(key)
@@ -192,6 +206,9 @@ class CacheIndex:
     def remove(self, key: int) -> None:
         where = self._where.pop(key, None)
         self._expires.pop(key, None)
+        pointer = self._exact_of.pop(key, None)
+        if pointer is not None and self._exact.get(pointer) == key:
+            del self._exact[pointer]
         if where is not None and where in self._parts:
             self._parts[where].index.remove(key)
 
@@ -205,10 +222,17 @@ class CacheIndex:
         found = partition.index.search(query, k, min_score)
         return [(key, s) for key, s in found if self._expires.get(key, 0.0) > now]
 
+    def exact(self, tenant: str, exact: str, now: float) -> int | None:
+        """The live entry stored for this exact request hash, if this process knows it."""
+        key = self._exact.get((tenant, exact))
+        if key is None or self._expires.get(key, 0.0) <= now:
+            return None
+        return key
+
     def size(self, tenant: str, part: str) -> int:
         partition = self._parts.get((tenant, part))
         return 0 if partition is None else len(partition.index)
 
     def memory_bytes(self) -> int:
-        # Two dicts of bookkeeping at roughly 100 bytes an entry each.
-        return sum(p.index.memory_bytes() for p in self._parts.values()) + 200 * len(self._where)
+        # Four dicts of bookkeeping at roughly 100 bytes an entry each.
+        return sum(p.index.memory_bytes() for p in self._parts.values()) + 400 * len(self._where)

@@ -133,13 +133,13 @@ class CacheStore:
                 batch = ids[start : start + 1000]
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for entry_id in batch:
-                        pipe.hmget(self.keys.cache_entry(entry_id), ["p", "v", "exp"])
+                        pipe.hmget(self.keys.cache_entry(entry_id), ["p", "v", "exp", "x"])
                     rows = await pipe.execute()
-                for entry_id, (part, vec, exp) in zip(batch, rows, strict=True):
+                for entry_id, (part, vec, exp, exact) in zip(batch, rows, strict=True):
                     vector = decode_vector(vec or "")
                     if part is None or vector is None or float(exp or 0) <= now:
                         continue
-                    self.index.add(tenant, part, int(entry_id), vector, float(exp))
+                    self.index.add(tenant, part, int(entry_id), vector, float(exp), exact or "")
                     loaded += 1
         return loaded
 
@@ -167,7 +167,9 @@ class CacheStore:
             return
         vector = decode_vector(fields.get("v", ""))
         if vector is not None:
-            self.index.add(fields["t"], fields["p"], key, vector, float(fields["exp"]))
+            self.index.add(
+                fields["t"], fields["p"], key, vector, float(fields["exp"]), fields.get("x", "")
+            )
 
     async def close(self) -> None:
         if self._follower is not None:
@@ -177,9 +179,14 @@ class CacheStore:
 
     # --- lookups --------------------------------------------------------------------------
     async def get_exact(self, tenant: str, exact: str) -> StoredAnswer | None:
-        entry_id = await self.redis.get(self.keys.cache_exact(tenant, exact))
-        if entry_id is None:
-            return None
+        known = self.index.exact(tenant, exact, time.time())
+        if known is not None:
+            entry_id = str(known)
+        else:
+            # Written by another process less than a sync interval ago, or never: ask Redis.
+            entry_id = await self.redis.get(self.keys.cache_exact(tenant, exact))
+            if entry_id is None:
+                return None
         data = await self.redis.hgetall(self.keys.cache_entry(entry_id))
         if not data or data.get("t") != tenant:
             return None
@@ -240,13 +247,15 @@ class CacheStore:
             pipe.xadd(
                 self.keys.cache_events,
                 {"op": "add", "id": entry_id, "t": entry.tenant, "p": entry.partition,
-                 "v": vec, "exp": expires},
+                 "x": entry.exact, "v": vec, "exp": expires},
                 maxlen=EVENTS_MAXLEN,
                 approximate=True,
             )  # fmt: skip
             pipe.zcard(lru)
             results = await pipe.execute()
-        self.index.add(entry.tenant, entry.partition, int(entry_id), entry.vector, expires)
+        self.index.add(
+            entry.tenant, entry.partition, int(entry_id), entry.vector, expires, entry.exact
+        )
         size = int(results[-1])
         if size > self.max_entries:
             await self.evict(entry.tenant, size - self.max_entries)
