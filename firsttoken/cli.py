@@ -192,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     from firsttoken.cachecli import add_parser as add_cache_parser
 
     add_cache_parser(sub)
+
+    from firsttoken.kbcli import add_parser as add_kb_parser
+
+    add_kb_parser(sub)
     return parser
 
 

@@ -130,6 +130,12 @@ def run_up(port: int | None = None, host: str | None = None) -> int:
         procs["worker-bulk"] = subprocess.Popen(
             [py, "-m", "firsttoken", "worker", "--queues", "bulk"], env=env, start_new_session=True
         )
+        # Conversation summaries: low priority, so a pool of their own never delays writes.
+        procs["worker-summarize"] = subprocess.Popen(
+            [py, "-m", "firsttoken", "worker", "--queues", "summarize", "--concurrency", "2"],
+            env=env,
+            start_new_session=True,
+        )
         shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
         _wait_ready(f"http://{shown_host}:{port}/readyz", procs)
         ws_url = f"ws://{shown_host}:{port}/v1/ws"

@@ -37,6 +37,8 @@ from shared.limits import (
 )
 from shared.models import model_table
 from shared.protocol import (
+    AUTO_MODEL,
+    NEW_CONVERSATION,
     CancelFrame,
     ChatFrame,
     PingFrame,
@@ -184,8 +186,14 @@ class Session:
             )
         if frame.messages[-1].role != "user":
             raise InvalidRequest("the last message must have role 'user'")
-        # Unknown models are refused here, before anything is enqueued (lists the known ones).
-        model_table(settings).get(frame.model)
+        # Unknown models are refused here, before anything is enqueued (lists the known ones);
+        # "auto" is routed by the worker once the prompt is built (shared/routing.py).
+        if frame.model != AUTO_MODEL:
+            model_table(settings).get(frame.model)
+        # A conversation id is checked by the worker (exists, same tenant): its retrieval
+        # stage reads the conversation anyway, and the gateway stays off the database.
+        new_conversation = frame.conversation_id == NEW_CONVERSATION
+        conversation_id = new_id() if new_conversation else frame.conversation_id
         check_message_chars(frame.messages, settings.max_message_chars)
         prompt_estimate = estimate_prompt_tokens(m.content for m in frame.messages)
         reserved = reservation(prompt_estimate, max_tokens)
@@ -229,6 +237,8 @@ class Session:
                 max_tokens=max_tokens,
                 temperature=frame.temperature,
                 cache=frame.cache,
+                conversation_id=conversation_id,
+                new_conversation=new_conversation,
                 received_at=received,
                 enqueued_at=enqueued,
                 deadline_at=job.deadline_at,
@@ -251,7 +261,10 @@ class Session:
             raise
         gw.jobs[job_id] = job
         gw.metrics.chats.inc()
-        self.send(dumps({"type": "accepted", "id": frame.id, "job_id": job_id}))
+        accepted = {"type": "accepted", "id": frame.id, "job_id": job_id}
+        if conversation_id is not None:
+            accepted["conversation_id"] = conversation_id
+        self.send(dumps(accepted))
 
     async def cancel_chat(self, chat_id: str) -> None:
         job = self.jobs.get(chat_id)

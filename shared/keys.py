@@ -7,12 +7,14 @@ from dataclasses import dataclass
 # Logical queue names; operators say `firsttoken worker --queues chat`.
 CHAT_QUEUE = "chat"
 BULK_QUEUE = "bulk"
-QUEUES = (CHAT_QUEUE, BULK_QUEUE)
+SUMMARIZE_QUEUE = "summarize"  # low priority: conversation summaries, off the hot path
+QUEUES = (CHAT_QUEUE, BULK_QUEUE, SUMMARIZE_QUEUE)
 
 # Task names: the gateway enqueues by name and never imports the workers.
 CHAT_TASK = "firsttoken.chat"
 PERSIST_USAGE_TASK = "firsttoken.persist_usage"
 PERSIST_MESSAGES_TASK = "firsttoken.persist_messages"
+SUMMARIZE_TASK = "firsttoken.summarize"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,11 @@ class Keys:
     def key_events(self) -> str:
         """Pub/sub: "revoked <key_hash> <key_id>"; every gateway drops the key and its sockets."""
         return f"{self.prefix}:keyevents"
+
+    # --- conversations (issue 5) ---------------------------------------------------------
+    def summary_lock(self, conversation_id: str) -> str:
+        """String: set while a summary job for the conversation is queued or running."""
+        return f"{self.prefix}:summary:{conversation_id}"
 
     # --- semantic cache (issue 4) -------------------------------------------------------
     def cache_entry(self, entry_id: str) -> str:

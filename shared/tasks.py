@@ -31,6 +31,8 @@ class ChatJob(BaseModel):
     max_tokens: int
     temperature: float | None = None
     cache: bool = True
+    conversation_id: str | None = None
+    new_conversation: bool = False  # the gateway minted conversation_id for this chat
     received_at: float
     enqueued_at: float
     deadline_at: float  # unix seconds; a worker that finds the job later drops it

@@ -18,6 +18,8 @@ from shared.keys import (
     CHAT_TASK,
     PERSIST_MESSAGES_TASK,
     PERSIST_USAGE_TASK,
+    SUMMARIZE_QUEUE,
+    SUMMARIZE_TASK,
     Keys,
 )
 from shared.settings import get_settings
@@ -26,7 +28,11 @@ settings = get_settings()
 SHUTDOWN_GRACE_S = 30.0
 keys = Keys(settings.redis_prefix)
 
-app = Celery("firsttoken", broker=settings.redis_url, include=["workers.chat", "workers.persist"])
+app = Celery(
+    "firsttoken",
+    broker=settings.redis_url,
+    include=["workers.chat", "workers.persist", "workers.summarize"],
+)
 app.conf.update(
     broker_transport_options={
         "global_keyprefix": keys.celery_keyprefix,
@@ -42,12 +48,14 @@ app.conf.update(
     task_queues=[
         Queue(CHAT_QUEUE, Exchange(CHAT_QUEUE), routing_key=CHAT_QUEUE),
         Queue(BULK_QUEUE, Exchange(BULK_QUEUE), routing_key=BULK_QUEUE),
+        Queue(SUMMARIZE_QUEUE, Exchange(SUMMARIZE_QUEUE), routing_key=SUMMARIZE_QUEUE),
     ],
     task_default_queue=CHAT_QUEUE,
     task_routes={
         CHAT_TASK: {"queue": CHAT_QUEUE},
         PERSIST_USAGE_TASK: {"queue": BULK_QUEUE},
         PERSIST_MESSAGES_TASK: {"queue": BULK_QUEUE},
+        SUMMARIZE_TASK: {"queue": SUMMARIZE_QUEUE},
     },
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=False,

@@ -24,7 +24,7 @@ from shared.keys import BULK_QUEUE, CHAT_TASK, PERSIST_MESSAGES_TASK, PERSIST_US
 from shared.protocol import CHUNK_DONE, CHUNK_ERROR, dumps
 from shared.settings import get_settings
 from shared.tasks import ChatJob, MessagesRecord, UsageRecord, task_message
-from workers import cache_stage
+from workers import cache_stage, retrieve
 from workers.app import app
 from workers.context import WorkerContext, get_context
 from workers.generate import job_generation
@@ -150,12 +150,18 @@ async def run_chat(job: ChatJob) -> None:
         publisher, Coalescer(ctx.settings.flush_interval_ms / 1000.0, ctx.settings.flush_max_chars)
     )
     prompt_tokens = completion_tokens = 0
+    engine_prompt_tokens: int | None = None
     finish_reason = "stop"
     generation = job_generation(ctx, job, publisher)
     try:
-        # The retrieval stage is added by a later issue; its point stays in the timings so
-        # clients see the same shape.
+        # Retrieval (workers/retrieve.py): sources in parallel, each under its deadline, then
+        # the budgeted prompt and, for model "auto", the route. prompt_tokens is the count of
+        # the prompt built here, i.e. what the engine is sent.
+        prepared = await retrieve.prepare(ctx, job)
         points["retrieval_done"] = time.time()
+        model = prepared.model
+        prompt_tokens = prepared.built.prompt_tokens
+        generation = job_generation(ctx, prepared.job, publisher)
         # First-token failover across the model's fallbacks (workers/generate.py); `model`
         # follows it, so the done frame and the usage row name the model that answered.
         async for delta in generation.stream():
@@ -168,7 +174,7 @@ async def run_chat(job: ChatJob) -> None:
             if delta.finish_reason is not None:
                 finish_reason = delta.finish_reason
             if delta.prompt_tokens is not None:
-                prompt_tokens = delta.prompt_tokens
+                engine_prompt_tokens = delta.prompt_tokens
             if delta.completion_tokens is not None:
                 completion_tokens = delta.completion_tokens
         await stream.close()
@@ -204,15 +210,22 @@ async def run_chat(job: ChatJob) -> None:
     if stream.first_published is not None:
         points["first_chunk_published"] = stream.first_published
     points["finished"] = time.time()
+    answer = "".join(stream.text)
+    await retrieve.after_answer(ctx, job, prepared, answer, model)
+    usage: dict[str, int] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+    if engine_prompt_tokens is not None and engine_prompt_tokens != prompt_tokens:
+        # The engine's own count (its chat template, its tokenizer) where it differs.
+        usage["engine_prompt_tokens"] = engine_prompt_tokens
     done = {
         "type": "done",
         "id": job.chat_id,
         "cached": False,
         "model": model,
         "finish_reason": finish_reason,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+        "usage": usage,
         "chunks": publisher.next_seq,
         "points": points,
+        **retrieve.done_fields(prepared),
     }
     await publisher.control(CHUNK_DONE, dumps(done))
     if cache is not None:
@@ -236,6 +249,8 @@ async def run_chat(job: ChatJob) -> None:
         finish_reason,
         "ok",
         "".join(stream.text),
+        conversation_id=job.conversation_id if prepared.conversation_ok else None,
+        route=prepared.decision.route if prepared.decision is not None else "default",
     )
 
 
@@ -274,8 +289,14 @@ async def _record(
     answer: str,
     *,
     cached: bool = False,
+    conversation_id: str | None = None,
+    route: str = "default",
 ) -> None:
-    """Hand the usage row (and the text, if stored) to the bulk queue; never fails the chat."""
+    """Hand the usage row (and the text, if stored) to the bulk queue; never fails the chat.
+
+    A turn of a verified conversation is always stored: the client asked the server to keep
+    its history (issue 5); other chats' text only with `store_text`.
+    """
     now = time.time()
     first = points.get("first_chunk_published")
     usage = UsageRecord(
@@ -283,6 +304,7 @@ async def _record(
         tenant_id=job.tenant_id,
         key_id=job.key_id,
         model=model,
+        route=route,
         cached=cached,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
@@ -298,10 +320,11 @@ async def _record(
             PERSIST_USAGE_TASK, {"usage": usage.model_dump()}, queue=BULK_QUEUE, origin=ctx.name
         ),
     ]
-    if ctx.settings.store_text and status == "ok":
+    if (ctx.settings.store_text or conversation_id is not None) and status == "ok":
         record = MessagesRecord(
             request_id=job.job_id,
             tenant_id=job.tenant_id,
+            conversation_id=conversation_id,
             messages=job.messages,
             answer=answer,
             model=model,

@@ -19,6 +19,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -86,6 +87,8 @@ class Conversation(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     summary: Mapped[str | None] = mapped_column(Text)
+    # The summary covers this conversation's messages with id <= summary_upto (issue 5).
+    summary_upto: Mapped[int | None] = mapped_column(Integer)
 
 
 class MessageRow(Base):
@@ -133,3 +136,53 @@ class UsageEvent(Base):
     finish_reason: Mapped[str] = mapped_column(String(32))
     status: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+# --- prompts and knowledge base (issue 5) ------------------------------------------------------
+
+
+class TenantPrompt(Base):
+    """A tenant's prompt template and routing policy; NULL fields take the configured default."""
+
+    __tablename__ = "tenant_prompts"
+
+    tenant_id: Mapped[str] = mapped_column(
+        String(ID_LEN), ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    role: Mapped[str | None] = mapped_column(Text)
+    constraints: Mapped[str | None] = mapped_column(Text)  # JSON list of strings
+    output_format: Mapped[str | None] = mapped_column(Text)
+    route_policy: Mapped[str | None] = mapped_column(String(8))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class KbDocument(Base):
+    """One ingested file; the same content twice for a tenant is one document."""
+
+    __tablename__ = "kb_documents"
+    __table_args__ = (UniqueConstraint("tenant_id", "sha256", name="uq_kb_documents_tenant_sha"),)
+
+    id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(ID_LEN), index=True)
+    name: Mapped[str] = mapped_column(String(500))
+    sha256: Mapped[str] = mapped_column(String(64))
+    chars: Mapped[int] = mapped_column(Integer)
+    chunks: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class KbChunk(Base):
+    """A chunk of a document with its embedding (float32 bytes of ``embed_model``'s vector)."""
+
+    __tablename__ = "kb_chunks"
+    __table_args__ = (Index("ix_kb_chunks_tenant_id_id", "tenant_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    document_id: Mapped[str] = mapped_column(
+        String(ID_LEN), ForeignKey("kb_documents.id", ondelete="CASCADE"), index=True
+    )
+    tenant_id: Mapped[str] = mapped_column(String(ID_LEN))
+    position: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    embedding: Mapped[bytes] = mapped_column(LargeBinary)
+    embed_model: Mapped[str] = mapped_column(String(128))

@@ -21,7 +21,7 @@ from shared.protocol import Message
 
 COUNTER = counter_for(None)
 EN = "The quarterly report shows revenue grew by twelve percent while costs stayed flat. "
-ZH = "季度报告显示收入增长了百分之十二，而成本保持不变。我们需要讨论下一步的计划。"
+ZH = "季度报告显示收入增长了百分之十二\uff0c而成本保持不变。我们需要讨论下一步的计划。"
 
 
 def _conversation(turns: int, seed: int) -> list[Message]:
@@ -84,7 +84,8 @@ def test_question_too_long_is_a_clear_error() -> None:
 
 def test_tenant_templates_override_the_default() -> None:
     """A tenant's JSON entry changes its role and policy; other tenants keep the default."""
-    templates = parse_templates('{"acme": {"role": "You are Acme support.", "route_policy": "large"}}')
+    raw = '{"acme": {"role": "You are Acme support.", "route_policy": "large"}}'
+    templates = parse_templates(raw)
     acme = templates.for_tenant("acme")
     assert acme.role == "You are Acme support." and acme.route_policy == "large"
     assert templates.for_tenant("other") == Template()
