@@ -245,7 +245,10 @@ class Settings(BaseSettings):
         4, ge=1, le=32, description="Nearest cached questions the guards check per lookup."
     )
     cache_replay_chars: int = Field(
-        64, ge=1, description="Characters per token chunk when a cached answer is replayed."
+        512,
+        ge=1,
+        description="Characters per token chunk when a cached answer is replayed (each chunk "
+        "is a Redis round trip; the answer is already complete).",
     )
     embed_backend: Literal["onnx", "openai"] = Field(
         "onnx",
