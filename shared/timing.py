@@ -10,8 +10,9 @@ from __future__ import annotations
 STAGES: tuple[tuple[str, str, str], ...] = (
     ("accept_ms", "received", "enqueued"),
     ("queue_ms", "enqueued", "worker_start"),
+    # The cache lookup and retrieval run side by side, both from the worker's start.
     ("cache_ms", "worker_start", "cache_decided"),
-    ("retrieval_ms", "cache_decided", "retrieval_done"),
+    ("retrieval_ms", "worker_start", "retrieval_done"),
     ("engine_ttft_ms", "retrieval_done", "engine_first_token"),
     ("publish_ms", "engine_first_token", "first_chunk_published"),
     ("relay_ms", "first_chunk_published", "first_chunk_sent"),

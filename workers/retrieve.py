@@ -63,6 +63,25 @@ log = logging.getLogger(__name__)
 
 # --- sources -----------------------------------------------------------------------------------
 
+# Tenant-level rows (prompt overrides, the knowledge base's version) change rarely but would
+# cost a database round trip on every chat: each worker process trusts them this long, so an
+# edit (`firsttoken kb add`, a tenant prompt) reaches chats within this many seconds.
+TENANT_CACHE_S = 5.0
+_tenant_cache: dict[tuple[str, str], tuple[float, Any]] = {}
+
+
+async def _per_tenant(kind: str, tenant_id: str, load: Any) -> Any:
+    """`await load()`, remembered per (kind, tenant) for TENANT_CACHE_S."""
+    now = time.monotonic()
+    hit = _tenant_cache.get((kind, tenant_id))
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    value = await load()
+    if len(_tenant_cache) > 50_000:
+        _tenant_cache.clear()
+    _tenant_cache[(kind, tenant_id)] = (now + TENANT_CACHE_S, value)
+    return value
+
 
 @dataclass(frozen=True, slots=True)
 class ConversationState:
@@ -79,6 +98,12 @@ class UserSource:
         self.deadline_s = deadline_s
 
     async def fetch(self, query: Query) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = await _per_tenant(
+            "prompt", query.tenant_id, lambda: self._load(query)
+        )
+        return result
+
+    async def _load(self, query: Query) -> dict[str, Any] | None:
         async with database.sessionmaker()() as session:
             row = await session.get(TenantPrompt, query.tenant_id)
         if row is None:
@@ -133,16 +158,21 @@ class KbSource:
         if self.top_k == 0:
             return []
         loop = asyncio.get_running_loop()
-        async with database.sessionmaker()() as session:
-            version = await kb_version(session, query.tenant_id)
-            if version[0] == 0:
-                return []  # no knowledge base: no embedding, no model load
-            # Loaded on the embedding thread: the first load takes ~0.5 s and must not stall
-            # the loop that streams other chats (this chat skips the kb if it is late).
-            embedder = await loop.run_in_executor(self.kb.executor, self.kb.embedder)
-            if self.kb.indexes.version(query.tenant_id) != version:
+
+        async def load_version() -> Any:
+            async with database.sessionmaker()() as session:
+                return await kb_version(session, query.tenant_id)
+
+        version = await _per_tenant("kb_version", query.tenant_id, load_version)
+        if version[0] == 0:
+            return []  # no knowledge base: no embedding, no model load
+        # Loaded on the embedding thread: the first load takes ~0.5 s and must not stall
+        # the loop that streams other chats (this chat skips the kb if it is late).
+        embedder = await loop.run_in_executor(self.kb.executor, self.kb.embedder)
+        if self.kb.indexes.version(query.tenant_id) != version:
+            async with database.sessionmaker()() as session:
                 rows = await load_chunks(session, query.tenant_id, embedder.name)
-                self.kb.indexes.load(query.tenant_id, version, rows)
+            self.kb.indexes.load(query.tenant_id, version, rows)
         vectors = await loop.run_in_executor(self.kb.executor, embedder.embed, [query.question])
         hits = self.kb.indexes.search(query.tenant_id, vectors[0], self.top_k, self.min_score)
         return [ContextChunk(f"kb:{h.chunk_id}", h.text, h.score) for h in hits]

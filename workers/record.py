@@ -1,0 +1,90 @@
+"""The end of every chat: its usage row (and text, where stored) handed to the bulk queue."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from shared.keys import BULK_QUEUE, PERSIST_MESSAGES_TASK, PERSIST_USAGE_TASK
+from shared.tasks import ChatJob, MessagesRecord, UsageRecord, task_message
+from workers.context import WorkerContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a chat ended, as the usage row records it."""
+
+    model: str
+    finish_reason: str
+    status: str  # ok | error | cancelled | timeout
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    answer: str = ""
+    cached: bool = False
+    conversation_id: str | None = None
+    route: str = "default"
+
+
+def _ms(end: float | None, start: float | None) -> float | None:
+    if end is None or start is None:
+        return None
+    return round((end - start) * 1000.0, 3)
+
+
+async def record(
+    ctx: WorkerContext, job: ChatJob, points: dict[str, float], outcome: Outcome
+) -> None:
+    """Enqueue the usage row (and the turn's text) on `bulk`; never fails the chat.
+
+    A turn of a verified conversation is always stored: the client asked the server to keep
+    its history (issue 5); other chats' text only with `store_text`.
+    """
+    now = time.time()
+    usage = UsageRecord(
+        request_id=job.job_id,
+        tenant_id=job.tenant_id,
+        key_id=job.key_id,
+        model=outcome.model,
+        route=outcome.route,
+        cached=outcome.cached,
+        prompt_tokens=outcome.prompt_tokens,
+        completion_tokens=outcome.completion_tokens,
+        queue_ms=_ms(points.get("worker_start"), job.enqueued_at),
+        ttft_ms=_ms(points.get("first_chunk_published"), job.received_at),
+        total_ms=_ms(now, job.received_at),
+        finish_reason=outcome.finish_reason,
+        status=outcome.status,
+        created_at=now,
+    )
+    messages = [
+        task_message(
+            PERSIST_USAGE_TASK, {"usage": usage.model_dump()}, queue=BULK_QUEUE, origin=ctx.name
+        )
+    ]
+    keep_text = ctx.settings.store_text or outcome.conversation_id is not None
+    if keep_text and outcome.status == "ok":
+        turn = MessagesRecord(
+            request_id=job.job_id,
+            tenant_id=job.tenant_id,
+            conversation_id=outcome.conversation_id,
+            messages=job.messages,
+            answer=outcome.answer,
+            model=outcome.model,
+            created_at=now,
+        )
+        messages.append(
+            task_message(
+                PERSIST_MESSAGES_TASK,
+                {"messages": turn.model_dump()},
+                queue=BULK_QUEUE,
+                origin=ctx.name,
+            )
+        )
+    try:
+        await ctx.redis.lpush(ctx.keys.queue_list(BULK_QUEUE), *messages)
+    except Exception:  # noqa: BLE001 - the chat is answered; say what was lost, without text
+        log.error("could not enqueue usage for %s: %s", job.job_id, json.dumps(usage.model_dump()))
