@@ -178,23 +178,30 @@ async def _sse_events(
 
     faults = faults or Faults()
     sent = 0
+    completed = False
     yield chunk({"role": "assistant", "content": ""})
-    async with aclosing(engine.stream(request, request_id=completion_id)) as deltas:
-        async for delta in deltas:
-            if sent == faults.stall_after:
-                # Holds the engine request open too, as a hung model server would.
-                await asyncio.Event().wait()
-            if sent == faults.malformed_after:
-                yield b'data: {"id": "' + completion_id.encode() + b'", "choices": [{\n\n'
-                return
-            if sent == faults.drop_after:
-                raise _Dropped(completion_id)
-            if delta.finish_reason is None:
-                sent += 1
-                yield chunk({"content": delta.text})
-                continue
-            yield chunk({"content": delta.text}, delta.finish_reason)
-            yield _sse({**head, "choices": [], "usage": _usage(delta)})
+    try:
+        async with aclosing(engine.stream(request, request_id=completion_id)) as deltas:
+            async for delta in deltas:
+                if sent == faults.stall_after:
+                    # Holds the engine request open too, as a hung model server would.
+                    await asyncio.Event().wait()
+                if sent == faults.malformed_after:
+                    yield b'data: {"id": "' + completion_id.encode() + b'", "choices": [{\n\n'
+                    return
+                if sent == faults.drop_after:
+                    raise _Dropped(completion_id)
+                if delta.finish_reason is None:
+                    sent += 1
+                    yield chunk({"content": delta.text})
+                    continue
+                yield chunk({"content": delta.text}, delta.finish_reason)
+                yield _sse({**head, "choices": [], "usage": _usage(delta)})
+        completed = True
+    finally:
+        if not completed:
+            # Read by bench_abort.py: when the engine let go of an unfinished request.
+            engine.stats.extra["last_abort_at"] = time.time()
     yield b"data: [DONE]\n\n"
 
 
@@ -227,6 +234,11 @@ class _StatsCollector(Collector):
             yield CounterMetricFamily(f"firsttoken_sim_requests_{name}", doc, value=value)
         yield GaugeMetricFamily(
             "firsttoken_sim_requests_running", "Requests generating now.", value=stats.running
+        )
+        yield GaugeMetricFamily(
+            "firsttoken_sim_last_abort_timestamp_seconds",
+            "Wall-clock time the last unfinished request was let go (disconnect or abort).",
+            value=stats.extra.get("last_abort_at", 0),
         )
         yield GaugeMetricFamily(
             "firsttoken_sim_requests_queued",
