@@ -59,6 +59,15 @@ PROFILES: dict[str, Profile] = {
         ),
         Profile("tiny", 20.0, 2.0, 16, "for tests: TTFT 20 ms, 2 ms between tokens, <=16 tokens"),
         Profile(
+            "many-streams",
+            500.0,
+            500.0,
+            30,
+            "for open-stream counts: TTFT 500 ms, 500 ms between tokens, <=30 tokens (streams "
+            "stay open ~8-15 s at ~2 tokens/s each, so 1,000 of them stay within what 2 cores "
+            "of workers can feed)",
+        ),
+        Profile(
             "firehose",
             50.0,
             5.0,
