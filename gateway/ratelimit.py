@@ -30,10 +30,13 @@ log = logging.getLogger(__name__)
 # stack limit of a few thousand values).
 _BATCH = 500
 
-# KEYS: key window, key tokens, tenant window, tenant tokens, key streams, key revoked marker
+# KEYS: key window, key tokens, tenant window, tenant tokens, key streams, key revoked marker,
+#       [queue list, job owner]
 # ARGV: request id, tokens, key rpm, key tpm, tenant rpm, tenant tpm, max streams,
-#       window ms, lease ms
+#       window ms, lease ms, [task message, owner key id, owner ttl s]
 # Returns {1} admitted, {0, reason, scope, retry_after_ms} refused, {-1} revoked.
+# With the optional keys, an admitted chat is also enqueued (LPUSH) and its owner recorded:
+# admission and enqueue are then one round trip, and a refused chat never reaches the queue.
 ADMIT_LUA = f"""
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -127,6 +130,10 @@ if max_streams > 0 then
   redis.call('ZADD', KEYS[5], now + lease, rid)
   redis.call('PEXPIRE', KEYS[5], lease)
 end
+if KEYS[7] then
+  redis.call('SET', KEYS[8], ARGV[11], 'EX', tonumber(ARGV[12]))
+  redis.call('LPUSH', KEYS[7], ARGV[10])
+end
 return {{1}}
 """
 
@@ -164,6 +171,16 @@ _REASONS = {
     "tpm": "tokens per minute",
     "streams": "concurrent streams",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    """The Celery message to push once admitted, and where the job's owner is recorded."""
+
+    queue_key: str
+    message: str
+    owner_key: str
+    owner_ttl_s: int
 
 
 @dataclass(slots=True)
@@ -208,30 +225,34 @@ class RateLimiter:
         limits: Limits,
         tokens: int,
         prompt_estimate: int,
+        enqueue: Enqueue | None = None,
     ) -> Admission:
-        """Charge one request and `tokens` against every limit, or raise RateLimited."""
+        """Charge one request and `tokens` against every limit, or raise RateLimited; with
+        `enqueue`, an admitted chat is enqueued in the same round trip."""
         k = self._keys
-        result: list[Any] = await self._admit(
-            keys=[
-                k.rate_window("key", key_id),
-                k.rate_tokens("key", key_id),
-                k.rate_window("tenant", tenant_id),
-                k.rate_tokens("tenant", tenant_id),
-                k.key_streams(key_id),
-                k.key_revoked(key_id),
-            ],
-            args=[
-                job_id,
-                tokens,
-                limits.key_rpm,
-                limits.key_tpm,
-                limits.tenant_rpm,
-                limits.tenant_tpm,
-                limits.key_streams,
-                WINDOW_MS,
-                self._lease_ms,
-            ],
-        )
+        keys = [
+            k.rate_window("key", key_id),
+            k.rate_tokens("key", key_id),
+            k.rate_window("tenant", tenant_id),
+            k.rate_tokens("tenant", tenant_id),
+            k.key_streams(key_id),
+            k.key_revoked(key_id),
+        ]
+        args: list[Any] = [
+            job_id,
+            tokens,
+            limits.key_rpm,
+            limits.key_tpm,
+            limits.tenant_rpm,
+            limits.tenant_tpm,
+            limits.key_streams,
+            WINDOW_MS,
+            self._lease_ms,
+        ]
+        if enqueue is not None:
+            keys += [enqueue.queue_key, enqueue.owner_key]
+            args += [enqueue.message, key_id, enqueue.owner_ttl_s]
+        result: list[Any] = await self._admit(keys=keys, args=args)
         status = int(result[0])
         if status == -1:
             raise Unauthorized("this API key has been revoked")

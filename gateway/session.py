@@ -17,7 +17,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from gateway.auth import Principal
 from gateway.limits import check_message_chars
-from gateway.ratelimit import Admission
+from gateway.ratelimit import Admission, Enqueue
 from gateway.relaystate import RelayState, Step
 from shared.errors import (
     Cancelled,
@@ -209,20 +209,11 @@ class Session:
                 "no chat worker is running; start one with `firsttoken worker --queues chat`"
             )
         job_id = new_id()
-        # All limits in one round trip; refused chats cost nothing more.
-        admission = await gw.limiter.admit(
-            job_id=job_id,
-            key_id=self.principal.key_id,
-            tenant_id=self.principal.tenant_id,
-            limits=limits,
-            tokens=reserved,
-            prompt_estimate=prompt_estimate,
-        )
         job = Job(
             self, job_id, RelayState(frame.id, received), received + settings.queue_deadline_s
         )
-        job.admission = admission
         self.jobs[frame.id] = job
+        admission = None
         try:
             await gw.relay.subscribe(job.channel, job.on_message, confirmed=False)
             enqueued = time.time()
@@ -250,14 +241,28 @@ class Session:
                 task_id=job_id,
                 origin=gw.name,
             )
-            async with gw.redis.pipeline(transaction=False) as pipe:
-                pipe.set(gw.keys.job_owner(job_id), self.principal.key_id, ex=settings.replay_ttl_s)
-                pipe.lpush(gw.keys.queue_list(CHAT_QUEUE), message)
-                await pipe.execute()
+            # Every limit checked and charged, the job enqueued and its owner recorded: one
+            # round trip. A refused chat never reaches the queue.
+            admission = await gw.limiter.admit(
+                job_id=job_id,
+                key_id=self.principal.key_id,
+                tenant_id=self.principal.tenant_id,
+                limits=limits,
+                tokens=reserved,
+                prompt_estimate=prompt_estimate,
+                enqueue=Enqueue(
+                    gw.keys.queue_list(CHAT_QUEUE),
+                    message,
+                    gw.keys.job_owner(job_id),
+                    settings.replay_ttl_s,
+                ),
+            )
+            job.admission = admission
         except BaseException:
             self.jobs.pop(frame.id, None)
             await gw.relay.unsubscribe(job.channel)
-            await gw.limiter.settle(admission, 0)
+            if admission is not None:
+                await gw.limiter.settle(admission, 0)
             raise
         gw.jobs[job_id] = job
         gw.metrics.chats.inc()
