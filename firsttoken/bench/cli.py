@@ -211,6 +211,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--keep-results", action="store_true", help="include every request's result in the JSON"
     )
+    p.add_argument(
+        "--keep-logs",
+        action="store_true",
+        help="keep the started processes' logs (the run's work dir, printed at the end)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
 
 
@@ -536,6 +541,9 @@ def run(args: argparse.Namespace) -> int:
                 )
             raise
         notes = list(bench.stack.notes) if bench.stack else []
+        if bench.stack and args.keep_logs:
+            bench.stack.keep_workdir = True
+            notes.append(f"logs: {bench.stack.workdir}")
     agg = aggregate_runs(bench.runs)
     extra = []
     points = _load_points(args)
