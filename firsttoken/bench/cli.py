@@ -486,10 +486,6 @@ def _command_line() -> str:
     return "firsttoken " + shlex.join(argv)
 
 
-def _raise_exit(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def run(args: argparse.Namespace) -> int:
     from firsttoken.bench.report import plot, print_report, write_json
 
@@ -503,8 +499,9 @@ def run(args: argparse.Namespace) -> int:
     if args.url and not args.api_key:
         print("firsttoken bench: --url needs --api-key", file=sys.stderr)
         return 2
-    # SIGTERM (e.g. from `timeout`) must stop the children too: raise, so the ExitStack runs.
-    signal.signal(signal.SIGTERM, _raise_exit)
+    # SIGTERM (e.g. from `timeout`) must stop the children too. As KeyboardInterrupt: the event
+    # loop lets that one through (an exception raised in a signal handler it would just log).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     bench = Bench(args)
     info = machine()
     print(
