@@ -139,7 +139,7 @@ async def vllm_aborts(stack: Stack, server: VLLMServer, n: int) -> tuple[list[fl
             return await read('vllm:request_success_total{engine="0",finished_reason="length"')
 
         for _ in range(n):
-            ws = await _start_chat(stack, 900)
+            ws = await _start_chat(stack, 15000)
             done_before = await completed()
             closed_at = time.perf_counter()
             await ws.close()
@@ -147,7 +147,7 @@ async def vllm_aborts(stack: Stack, server: VLLMServer, n: int) -> tuple[list[fl
                 pass
             took = (time.perf_counter() - closed_at) * 1000
             if await completed() > done_before:
-                lost += 1  # it ran to its end (900 tokens): the cancel never reached vLLM
+                lost += 1  # it ran to its end (15000 tokens): the cancel never reached vLLM
             else:
                 out.append(took)
     return out, lost, statistics.median(scrape)
@@ -281,6 +281,7 @@ def main() -> int:
                 first_token_deadline_s="10",
                 engine_idle_timeout_s="10",
                 stream_idle_timeout_s="20",
+                max_tokens_limit="15000",
             ) as stack:
                 stack.wait_ready()
                 aborts, vllm_lost, scrape_ms = asyncio.run(vllm_aborts(stack, server, args.aborts))

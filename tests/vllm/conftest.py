@@ -26,7 +26,7 @@ VENV_PYTHON = VENV / "bin" / "python"
 # Built once per machine and reused, like the venv (tinymodel.py rebuilds on a version bump).
 MODEL_DIR = Path(os.environ.get("FIRSTTOKEN_VLLM_TINY_MODEL", ROOT / ".venvs" / "tiny-llama"))
 SERVED = "tiny"
-MAX_MODEL_LEN = 1024
+MAX_MODEL_LEN = 16384
 # A cold start measured 36-48 s here; 2 cores shared with other test processes can double it.
 STARTUP_S = 240
 

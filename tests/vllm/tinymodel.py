@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 # Bumped whenever the files written below change, so a cached directory is rebuilt.
-VERSION = "2"
+VERSION = "3"
 WORDS = [f"w{i}" for i in range(500)]
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -56,7 +56,8 @@ def build(directory: Path) -> Path:
         num_attention_heads=2,
         num_key_value_heads=2,
         head_dim=64,
-        max_position_embeddings=2048,
+        # Long enough for a cancel test to find its request still running (~20 s of tokens).
+        max_position_embeddings=16384,
         bos_token_id=vocab["<s>"],
         eos_token_id=vocab["</s>"],
         tie_word_embeddings=False,
