@@ -94,20 +94,38 @@ class ChatRun:
         self.cache: CacheStage | None = None
         self.lookup = Lookup(tier="off")
         self._helpers: list[asyncio.Future[Any]] = []
+        self._task: asyncio.Task[Any] | None = None
+        # Set by cancel(). Task cancellation alone is not enough: a CancelledError raised
+        # inside a Redis client call can come out as a timeout error, or be absorbed by an
+        # awaited helper task, and the chat would then run on. The flag is checked at every
+        # step that publishes.
+        self.cancel_requested = False
+
+    def cancel(self) -> None:
+        """Stop this chat wherever it is (the client cancelled or went away)."""
+        self.cancel_requested = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def _check_cancelled(self) -> None:
+        if self.cancel_requested:
+            raise asyncio.CancelledError
 
     # --- the run --------------------------------------------------------------------------
     async def run(self) -> None:
         if not await self._admit():
             return
-        task = asyncio.current_task()
-        assert task is not None
-        self.ctx.running[self.job.job_id] = task
+        self._task = asyncio.current_task()
+        self.ctx.running[self.job.job_id] = self
         try:
             await self._answer()
         except asyncio.CancelledError:
             await self._cancelled()
         except Exception as exc:  # noqa: BLE001 - every failure ends the chat with a frame
-            await self._failed(exc)
+            if self.cancel_requested:
+                await self._cancelled()
+            else:
+                await self._failed(exc)
         finally:
             self.ctx.running.pop(self.job.job_id, None)
             for helper in self._helpers:
@@ -175,7 +193,7 @@ class ChatRun:
             return False
         self.cache, self.lookup = lookup.result()
         hit = self.lookup.hit
-        if self.cache is None or hit is None:
+        if self.cache is None or hit is None or self.cancel_requested:
             return False
         for helper in self._helpers:
             if helper is not lookup:
@@ -217,6 +235,7 @@ class ChatRun:
         finish_reason = "stop"
         engine_prompt_tokens: int | None = None
         while delta is not None:
+            self._check_cancelled()
             self.model = self.generation.model
             if delta.text:
                 if "engine_first_token" not in self.points:
@@ -230,6 +249,7 @@ class ChatRun:
             if delta.completion_tokens is not None:
                 self.completion_tokens = delta.completion_tokens
             delta = await _next(deltas)
+        self._check_cancelled()
         await self.stream.close()
         return finish_reason, engine_prompt_tokens
 
@@ -240,6 +260,7 @@ class ChatRun:
         engine_prompt_tokens: int | None,
         lookup: asyncio.Future[Any] | None,
     ) -> None:
+        self._check_cancelled()
         points, answer = self.points, self.stream.answer
         if self.stream.first_published is not None:
             points["first_chunk_published"] = self.stream.first_published

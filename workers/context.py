@@ -12,6 +12,7 @@ import logging
 import socket
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import redis.asyncio as aioredis
 
@@ -24,6 +25,12 @@ from shared.settings import Settings, get_settings
 log = logging.getLogger(__name__)
 
 
+class Cancellable(Protocol):
+    """A running chat the cancel listener can stop (workers.chat.ChatRun)."""
+
+    def cancel(self) -> None: ...
+
+
 @dataclass
 class WorkerContext:
     settings: Settings
@@ -31,7 +38,7 @@ class WorkerContext:
     redis: aioredis.Redis
     name: str
     _engines: dict[tuple[str, str], Engine] = field(default_factory=dict)
-    running: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    running: dict[str, Cancellable] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
@@ -74,9 +81,9 @@ class WorkerContext:
             if msg is None or msg.get("type") != "message":
                 continue
             job_id = msg["data"]
-            task = self.running.get(job_id)
-            if task is not None:
-                task.cancel()
+            run = self.running.get(job_id)
+            if run is not None:
+                run.cancel()
 
     async def _heartbeat(self, queues: tuple[str, ...]) -> None:
         while True:

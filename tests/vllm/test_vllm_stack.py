@@ -123,9 +123,6 @@ async def test_usage_matches_what_vllm_reports(
 
 
 @pytest.mark.parametrize("how", ["cancel", "disconnect"])
-# Not strict: it passes when run alone, and fails when the worker loses the cancel (its chat task
-# gets task.cancel() yet finishes normally), seen since commit b799a86; BENCHMARKS.md, issue 3.
-@pytest.mark.xfail(strict=False, reason="chat worker sometimes loses cancels (since b799a86)")
 async def test_cancel_mid_stream_brings_vllm_running_back_to_zero(
     vstack: Stack, vllm_server: VLLMServer, how: str
 ) -> None:
