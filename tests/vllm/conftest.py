@@ -21,10 +21,14 @@ import pytest
 
 from tests.support import ROOT, Proc, free_port, wait_until
 
-VENV = Path(os.environ.get("FIRSTTOKEN_VLLM_VENV", ROOT / ".venvs" / "vllm"))
+VENV = Path(os.environ.get("FIRSTTOKEN_VLLM_VENV", Path.home() / ".cache" / "firsttoken" / "vllm"))
 VENV_PYTHON = VENV / "bin" / "python"
 # Built once per machine and reused, like the venv (tinymodel.py rebuilds on a version bump).
-MODEL_DIR = Path(os.environ.get("FIRSTTOKEN_VLLM_TINY_MODEL", ROOT / ".venvs" / "tiny-llama"))
+MODEL_DIR = Path(
+    os.environ.get(
+        "FIRSTTOKEN_VLLM_TINY_MODEL", Path.home() / ".cache" / "firsttoken" / "tiny-llama"
+    )
+)
 SERVED = "tiny"
 MAX_MODEL_LEN = 16384
 # A cold start measured 36-48 s here; 2 cores shared with other test processes can double it.

