@@ -196,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
     from firsttoken.kbcli import add_parser as add_kb_parser
 
     add_kb_parser(sub)
+
+    from firsttoken.bench.cli import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
