@@ -199,6 +199,9 @@ def test_usage_rows_survive_database_outage(mode: str, redis_prefix: str, tmp_pa
             redis_prefix=redis_prefix,
             database_url=proxied_url,
             persist_retry_backoff_max_s="1",
+            # Text is stored only when enabled (off by default since issue 6); this test
+            # checks the messages task survives the outage too.
+            store_text="true",
         )
         worker = Proc(
             python_cmd(
