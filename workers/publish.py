@@ -3,9 +3,29 @@
 from __future__ import annotations
 
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 
 from shared.keys import Keys
 from shared.protocol import CHUNK_STARTED, CHUNK_TOKEN, dumps, encode_chunk, encode_token
+
+# PUBLISH + XADD (+ EXPIRE the first time) as one script: one command for redis-py to pack and
+# one reply to parse. A two-command pipeline per token was the largest share of a chat
+# worker's CPU at 50+ streams (BENCHMARKS.md).
+# KEYS: channel, replay stream.  ARGV: message, maxlen, ttl seconds (0: leave the expiry).
+_SEND_LUA = """
+redis.call('PUBLISH', KEYS[1], ARGV[1])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'm', ARGV[1])
+if ARGV[3] ~= '0' then redis.call('EXPIRE', KEYS[2], ARGV[3]) end
+return 1
+"""
+_scripts: dict[int, AsyncScript] = {}
+
+
+def _send_script(redis: aioredis.Redis) -> AsyncScript:
+    script = _scripts.get(id(redis))
+    if script is None:
+        script = _scripts[id(redis)] = redis.register_script(_SEND_LUA)
+    return script
 
 
 class JobPublisher:
@@ -32,13 +52,11 @@ class JobPublisher:
         self.next_seq = 0
 
     async def send(self, message: str) -> None:
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.publish(self._channel, message)
-            pipe.xadd(self._stream, {"m": message}, maxlen=self._maxlen, approximate=True)
-            if not self._expiry_set:
-                pipe.expire(self._stream, self._ttl)
-                self._expiry_set = True
-            await pipe.execute()
+        ttl = 0 if self._expiry_set else self._ttl
+        self._expiry_set = True
+        await _send_script(self._redis)(
+            keys=[self._channel, self._stream], args=[message, self._maxlen, ttl]
+        )
 
     async def start(self, cancel_flag: str, started_at: float) -> bool:
         """Announce the job started and check its cancel flag in one round trip.

@@ -224,6 +224,13 @@ class BenchStack:
             "engine_url": self.engine_url,
             "chat_concurrency": str(self.worker_concurrency),
             "log_level": "WARNING",
+            # A benchmark measures the stack, not its rate limits: the admission script still
+            # runs on every chat, with no limit to stop it.
+            "key_rpm_default": "0",
+            "key_tpm_default": "0",
+            "key_max_streams_default": "0",
+            "tenant_rpm_default": "0",
+            "tenant_tpm_default": "0",
             **self.settings,
         }
         env.update({f"FIRSTTOKEN_{k.upper()}": v for k, v in values.items()})
