@@ -49,18 +49,13 @@ async def create_key(
 ) -> Created:
     """Create a key (and its tenant when new); returns the key, which is shown only now."""
     from shared.db.apikeys import create_tenant_and_key, set_tenant_limits
-    from shared.db.session import make_engine, make_sessionmaker
+    from shared.db.session import one_off_session
 
-    engine = make_engine(settings.database_url)
-    try:
-        async with make_sessionmaker(engine)() as session:
-            tenant_id, key_id, key = await create_tenant_and_key(
-                session, tenant, scope=scope, rpm=rpm, tpm=tpm, max_streams=max_streams
-            )
-            await set_tenant_limits(session, tenant, rpm=tenant_rpm, tpm=tenant_tpm)
-            await session.commit()
-    finally:
-        await engine.dispose()
+    async with one_off_session(settings.database_url) as session:
+        tenant_id, key_id, key = await create_tenant_and_key(
+            session, tenant, scope=scope, rpm=rpm, tpm=tpm, max_streams=max_streams
+        )
+        await set_tenant_limits(session, tenant, rpm=tenant_rpm, tpm=tenant_tpm)
     return Created(tenant_id, key_id, key)
 
 

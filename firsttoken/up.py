@@ -42,18 +42,9 @@ def _start_embedded_redis() -> tuple[Any, str]:
 
 
 async def _ensure_dev_key(database_url: str, key: str | None) -> str:
-    from shared.db.apikeys import create_tenant_and_key, generate_key
-    from shared.db.session import make_engine, make_sessionmaker
+    from shared.db.apikeys import generate_key, provision_key
 
-    key = key or generate_key()
-    engine = make_engine(database_url)
-    try:
-        async with make_sessionmaker(engine)() as session:
-            await create_tenant_and_key(session, "dev", key=key)
-            await session.commit()
-    finally:
-        await engine.dispose()
-    return key
+    return await provision_key(database_url, "dev", key=key or generate_key())
 
 
 def _wait_ready(url: str, procs: dict[str, subprocess.Popen[bytes]]) -> None:

@@ -167,23 +167,11 @@ def _pg_ok(url: str) -> bool:
 
 
 def _migrate_and_key(database_url: str) -> str:
-    from shared.db.apikeys import create_tenant_and_key
+    from shared.db.apikeys import provision_key
     from shared.db.migrate import upgrade
-    from shared.db.session import make_engine, make_sessionmaker
 
     upgrade(database_url)
-
-    async def key() -> str:
-        engine = make_engine(database_url)
-        try:
-            async with make_sessionmaker(engine)() as session:
-                _, _, k = await create_tenant_and_key(session, f"bench-{uuid.uuid4().hex[:6]}")
-                await session.commit()
-                return k
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(key())
+    return asyncio.run(provision_key(database_url, f"bench-{uuid.uuid4().hex[:6]}"))
 
 
 @dataclass

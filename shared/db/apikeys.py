@@ -202,3 +202,13 @@ async def key_hash_of(session: AsyncSession, key_id: str) -> str | None:
     return (
         await session.execute(select(ApiKey.key_hash).where(ApiKey.id == key_id))
     ).scalar_one_or_none()
+
+
+async def provision_key(database_url: str, tenant_name: str, key: str | None = None) -> str:
+    """Create (or, for an existing `key`, find) a key of `tenant_name` in its own short
+    session; returns the key. For `firsttoken up`'s dev key, benchmarks and tests."""
+    from shared.db.session import one_off_session
+
+    async with one_off_session(database_url) as session:
+        _, _, created = await create_tenant_and_key(session, tenant_name, key=key)
+    return created

@@ -6,6 +6,8 @@ Write helpers in ``shared.db`` never commit: callers own the transaction, e.g.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +73,15 @@ async def ping(engine: AsyncEngine) -> None:
     """Round-trip `SELECT 1`; raises whatever the driver raises when the database is unusable."""
     async with engine.connect() as conn:
         await conn.execute(text("SELECT 1"))
+
+
+@asynccontextmanager
+async def one_off_session(url: str) -> AsyncIterator[AsyncSession]:
+    """A session on a short-lived engine, committed on success: for commands, start-up and
+    tests that touch the database once (long-lived processes keep their own engine)."""
+    engine = make_engine(url)
+    try:
+        async with make_sessionmaker(engine).begin() as session:
+            yield session
+    finally:
+        await engine.dispose()

@@ -178,23 +178,11 @@ class Stack:
 
 
 def _migrate_and_key(database_url: str) -> str:
-    from shared.db.apikeys import create_tenant_and_key
+    from shared.db.apikeys import provision_key
     from shared.db.migrate import upgrade
-    from shared.db.session import make_engine, make_sessionmaker
 
     upgrade(database_url)
-
-    async def _key() -> str:
-        engine = make_engine(database_url)
-        try:
-            async with make_sessionmaker(engine)() as session:
-                _, _, key = await create_tenant_and_key(session, f"t-{uuid.uuid4().hex[:6]}")
-                await session.commit()
-                return key
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(_key())
+    return asyncio.run(provision_key(database_url, f"t-{uuid.uuid4().hex[:6]}"))
 
 
 @pytest.fixture(scope="session")
