@@ -20,6 +20,8 @@ import pytest
 import redis
 import websockets
 
+# The sim-server fixture of the engine-level tests (test_sim_server, test_openai_engine).
+from tests.integration.simserver import server  # noqa: F401
 from tests.support import (
     REDIS_URL,
     Proc,

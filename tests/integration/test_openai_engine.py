@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import aclosing
-from pathlib import Path
 
-import httpx
 import pytest
 
 from shared.engines.base import Delta, EngineRequest
@@ -19,7 +16,8 @@ from shared.engines.sim import SimOptions, count_prompt_tokens, plan_answer
 from shared.errors import EngineError
 from shared.protocol import Message
 from shared.settings import load_settings
-from tests.support import Proc, child_env, free_port, port_open, python_cmd, wait_until
+from tests.integration.simserver import metrics, wait_metrics
+from tests.support import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -32,50 +30,12 @@ REQUEST = EngineRequest(
 )
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Base URL of a sim server with 20 ms to first token and 5 ms between tokens."""
-    port = free_port()
-    log: Path = tmp_path_factory.mktemp("simserver") / "server.log"
-    proc = Proc(
-        python_cmd(
-            "-m", "shared.simserver", "--port", str(port), "--ttft-ms", "20", "--itl-ms", "5"
-        ),
-        child_env(),
-        log,
-    )
-    try:
-        wait_until(lambda: port_open(port) or not proc.alive(), timeout=20, what="sim server")
-        assert proc.alive(), proc.output()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.stop()
-
-
 @pytest.fixture
 async def engine(server: str) -> AsyncIterator[OpenAIEngine]:
     engine = make_engine(load_settings(engine="openai", engine_url=f"{server}/v1"))
     assert isinstance(engine, OpenAIEngine)
     yield engine
     await engine.aclose()
-
-
-async def metrics(base: str) -> dict[str, float]:
-    async with httpx.AsyncClient() as http:
-        text = (await http.get(f"{base}/metrics")).text
-    return {
-        m.group(1): float(m.group(2))
-        for m in re.finditer(r"^(firsttoken_sim_\w+) ([0-9.e+-]+)$", text, re.MULTILINE)
-    }
-
-
-async def wait_metrics(base: str, predicate: object, within: float = 1.0) -> dict[str, float]:
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        current = await metrics(base)
-        if predicate(current) or asyncio.get_running_loop().time() > deadline:  # type: ignore[operator]
-            return current
-        await asyncio.sleep(0.02)
 
 
 async def test_streams_deltas_with_usage(engine: OpenAIEngine) -> None:
@@ -104,7 +64,7 @@ async def test_cancelled_task_aborts_on_server(engine: OpenAIEngine, server: str
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    after = await wait_metrics(server, lambda m: m[ABORTED] > before[ABORTED])
+    after = await wait_metrics(server, lambda m: m[ABORTED] > before[ABORTED], 1.0)
     assert after[ABORTED] == before[ABORTED] + 1 and after[RUNNING] == 0
     assert (engine.stats.finished, engine.stats.aborted, engine.stats.running) == (0, 1, 0)
 
@@ -120,7 +80,7 @@ async def test_abort_by_id_ends_stream(engine: OpenAIEngine, server: str) -> Non
                 asyncio.get_running_loop().create_task(engine.abort("c"))
     assert deltas[-1].finish_reason == "abort"
     assert len(deltas) < 20
-    after = await wait_metrics(server, lambda m: m[ABORTED] > before[ABORTED])
+    after = await wait_metrics(server, lambda m: m[ABORTED] > before[ABORTED], 1.0)
     assert after[ABORTED] == before[ABORTED] + 1
     assert engine.stats.aborted == 1 and engine.stats.finished == 0
 

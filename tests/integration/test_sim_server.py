@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import re
-from collections.abc import Iterator
-from pathlib import Path
-
 import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.support import Proc, child_env, free_port, port_open, python_cmd, wait_until
+from tests.integration.simserver import metrics, wait_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -23,44 +18,6 @@ RUNNING = "firsttoken_sim_requests_running"
 MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "Tell me about low latency serving."}
 ]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Base URL of a sim server with 20 ms to first token and 5 ms between tokens."""
-    port = free_port()
-    log: Path = tmp_path_factory.mktemp("simserver") / "server.log"
-    proc = Proc(
-        python_cmd(
-            "-m", "shared.simserver", "--port", str(port), "--ttft-ms", "20", "--itl-ms", "5"
-        ),
-        child_env(),
-        log,
-    )
-    try:
-        wait_until(lambda: port_open(port) or not proc.alive(), timeout=20, what="sim server")
-        assert proc.alive(), proc.output()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.stop()
-
-
-async def metrics(base: str) -> dict[str, float]:
-    async with httpx.AsyncClient() as http:
-        text = (await http.get(f"{base}/metrics")).text
-    return {
-        m.group(1): float(m.group(2))
-        for m in re.finditer(r"^(firsttoken_sim_\w+) ([0-9.e+-]+)$", text, re.MULTILINE)
-    }
-
-
-async def wait_metrics(base: str, predicate: object, within: float = 2.0) -> dict[str, float]:
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        current = await metrics(base)
-        if predicate(current) or asyncio.get_running_loop().time() > deadline:  # type: ignore[operator]
-            return current
-        await asyncio.sleep(0.02)
 
 
 async def test_stream_matches_non_stream_with_usage(server: str) -> None:
@@ -129,7 +86,7 @@ async def test_client_disconnect_counts_as_abort(server: str) -> None:
                 break
         assert (await metrics(server))[RUNNING] == 1
         await stream.close()
-    after = await wait_metrics(server, lambda m: m[ABORTED] > before[ABORTED])
+    after = await wait_metrics(server, lambda m: m[ABORTED] > before[ABORTED], 2.0)
     assert after[ABORTED] == before[ABORTED] + 1
     assert after[FINISHED] == before[FINISHED]
     assert after[RUNNING] == 0
