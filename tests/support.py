@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -90,53 +88,6 @@ def postgres_database() -> Iterator[str]:
         yield f"{base}/{name}"
     finally:
         asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
-class Proc:
-    """A child process with its output in a log file, stopped with SIGTERM then SIGKILL."""
-
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
-        self.args = args
-        self.log_path = log
-        self._log = open(log, "wb")
-        self.popen = subprocess.Popen(
-            args,
-            env=env,
-            cwd=ROOT,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def output(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group (a crash, not a shutdown)."""
-        try:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.popen.wait(10)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.alive():
-            try:
-                os.killpg(self.popen.pid, signal.SIGTERM)
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-            except ProcessLookupError:
-                pass
-        self._log.close()
 
 
 def python_cmd(*args: str) -> list[str]:

@@ -14,7 +14,8 @@ import sys
 import venv
 from pathlib import Path
 
-from firsttoken.bench.stack import ROOT, Child, free_port, http_get, wait_for
+from firsttoken.bench.stack import ROOT, free_port, http_get, wait_for
+from firsttoken.procs import Child
 
 VENV = ROOT / ".venvs" / "litellm"
 PACKAGE = "litellm[proxy]"

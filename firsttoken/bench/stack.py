@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from firsttoken.bench.profiles import Profile
+from firsttoken.procs import Child
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -95,45 +94,6 @@ def machine_busy_share(window_s: float = 2.0) -> float:
         return float("nan")
     spent = total1 - total0
     return 1 - (idle1 - idle0) / spent if spent > 0 else float("nan")
-
-
-class Child:
-    """A child process with its output in a log file."""
-
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
-        self.log_path = log
-        self._log = open(log, "wb")
-        self.popen = subprocess.Popen(
-            args,
-            env=env,
-            cwd=ROOT,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def tail(self, chars: int = 3000) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")[-chars:]
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.alive():
-            try:
-                os.killpg(self.popen.pid, signal.SIGTERM)
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(10)
-            except ProcessLookupError:
-                pass
-        self._log.close()
 
 
 def _redis_ok(url: str) -> bool:

@@ -20,11 +20,12 @@ import pytest
 import redis
 import websockets
 
+from firsttoken.procs import Child
+
 # The sim-server fixture of the engine-level tests (test_sim_server, test_openai_engine).
 from tests.integration.simserver import server  # noqa: F401
 from tests.support import (
     REDIS_URL,
-    Proc,
     child_env,
     free_port,
     port_open,
@@ -104,7 +105,7 @@ class Stack:
     api_key: str = ""
     gateway_port: int = 0
     sim_port: int = 0
-    procs: dict[str, Proc] = field(default_factory=dict)
+    procs: dict[str, Child] = field(default_factory=dict)
 
     def env(self, **extra: str) -> dict[str, str]:
         values = {
@@ -127,8 +128,8 @@ class Stack:
     def get(self, path: str) -> tuple[int, str]:
         return _http(self.http + path)
 
-    def start(self, name: str, args: list[str], **extra: str) -> Proc:
-        proc = Proc(python_cmd(*args), self.env(**extra), self.logs / f"{self.prefix}-{name}.log")
+    def start(self, name: str, args: list[str], **extra: str) -> Child:
+        proc = Child(python_cmd(*args), self.env(**extra), self.logs / f"{self.prefix}-{name}.log")
         self.procs[name] = proc
         return proc
 
@@ -138,7 +139,7 @@ class Stack:
         wait_until(lambda: port_open(self.sim_port), 20, what="sim-server")
         self.settings.update(engine="openai", engine_url=f"http://127.0.0.1:{self.sim_port}/v1")
 
-    def start_worker(self, name: str, queues: str = "chat") -> Proc:
+    def start_worker(self, name: str, queues: str = "chat") -> Child:
         return self.start(
             name,
             [

@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import Proc, child_env, free_port, port_open, python_cmd, wait_until
+from firsttoken.procs import Child
+from tests.support import child_env, free_port, port_open, python_cmd, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +19,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of a sim server with 20 ms to first token and 5 ms between tokens."""
     port = free_port()
     log: Path = tmp_path_factory.mktemp("simserver") / "server.log"
-    proc = Proc(
+    proc = Child(
         python_cmd(
             "-m", "shared.simserver", "--port", str(port), "--ttft-ms", "20", "--itl-ms", "5"
         ),

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
+from firsttoken.procs import Child
 from tests.integration.conftest import Services, Stack, make_stack
-from tests.support import Proc, child_env, free_port, port_open, python_cmd, wait_until
+from tests.support import child_env, free_port, port_open, python_cmd, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -69,13 +70,13 @@ def faulty(
 ) -> Iterator[Stack]:
     """A stack whose model table points at one misbehaving sim-server per fault."""
     logs = tmp_path_factory.mktemp("fault-logs")
-    sims: list[Proc] = []
+    sims: list[Child] = []
     ports: dict[str, int] = {}
     try:
         for name, args in FAULTS.items():
             port = ports[name] = free_port()
             cmd = python_cmd("-m", "shared.simserver", "--port", str(port), *SIM, *args)
-            sims.append(Proc(cmd, child_env(), logs / f"sim-{name}.log"))
+            sims.append(Child(cmd, child_env(), logs / f"sim-{name}.log"))
         for name, port in ports.items():
             wait_until(lambda p=port: port_open(p), 20, what=f"sim-server {name}")
         settings = {

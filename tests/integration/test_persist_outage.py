@@ -20,13 +20,13 @@ import pytest
 import redis
 from sqlalchemy import make_url, text
 
+from firsttoken.procs import Child
 from shared.db.migrate import upgrade
 from shared.db.session import make_engine
 from shared.keys import BULK_QUEUE, PERSIST_MESSAGES_TASK, PERSIST_USAGE_TASK, Keys
 from shared.tasks import task_message
 from tests.support import (
     REDIS_URL,
-    Proc,
     child_env,
     postgres_available,
     postgres_database,
@@ -203,7 +203,7 @@ def test_usage_rows_survive_database_outage(mode: str, redis_prefix: str, tmp_pa
             # checks the messages task survives the outage too.
             store_text="true",
         )
-        worker = Proc(
+        worker = Child(
             python_cmd(
                 "-m",
                 "celery",

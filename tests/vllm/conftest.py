@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, Proc, free_port, wait_until
+from firsttoken.procs import Child
+from tests.support import ROOT, free_port, wait_until
 
 VENV = Path(os.environ.get("FIRSTTOKEN_VLLM_VENV", Path.home() / ".cache" / "firsttoken" / "vllm"))
 VENV_PYTHON = VENV / "bin" / "python"
@@ -71,7 +72,7 @@ def tiny_model() -> Path:
 @dataclass
 class VLLMServer:
     port: int
-    proc: Proc
+    proc: Child
 
     @property
     def url(self) -> str:
@@ -119,7 +120,7 @@ def start_vllm_server(model_dir: Path, log: Path) -> VLLMServer:
         "--port",
         str(port),
     ]
-    server = VLLMServer(port, Proc(cmd, vllm_env(), log))
+    server = VLLMServer(port, Child(cmd, vllm_env(), log))
     deadline = time.monotonic() + STARTUP_S
     while not server.up():
         if not server.proc.alive():

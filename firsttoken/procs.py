@@ -1,0 +1,61 @@
+"""A child process of the benchmark or the test suite: its own session, output in a log file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Child:
+    """Started in a new process session, so stop() and kill() reach its whole group."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.args = args
+        self.log_path = log
+        self._log = open(log, "wb")
+        self.popen = subprocess.Popen(
+            args,
+            env=env,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.output()[-chars:]
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (a crash, not a shutdown)."""
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.popen.wait(10)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout` seconds."""
+        if self.alive():
+            try:
+                os.killpg(self.popen.pid, signal.SIGTERM)
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+            except ProcessLookupError:
+                pass
+        self._log.close()
