@@ -45,6 +45,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     if solo and args.concurrency:
         os.environ["FIRSTTOKEN_CHAT_CONCURRENCY"] = str(args.concurrency)
         get_settings.cache_clear()
+    if CHAT_QUEUE not in queues and settings.background_nice and hasattr(os, "nice"):
+        # Low-priority work at low CPU priority: on a shared host the bulk and summarize pools
+        # run in the time the chat path leaves idle (their queues absorb the wait).
+        os.nice(settings.background_nice)
     from workers.app import app
 
     if solo:

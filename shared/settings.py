@@ -137,6 +137,13 @@ class Settings(BaseSettings):
         256, ge=1, description="Concurrent chats per chat worker process."
     )
     bulk_concurrency: int = Field(8, ge=1, description="Concurrent tasks per bulk worker process.")
+    background_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="CPU priority (nice increment) of a worker without the `chat` queue: "
+        "database writes and summaries yield the CPU to streaming chats. 0: no change.",
+    )
     flush_interval_ms: float = Field(
         4.0,
         ge=0,

@@ -73,7 +73,7 @@ class CacheStage:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="embed")
         self._pending: set[asyncio.Task[None]] = set()
 
-    async def _embed(self, texts: list[str]) -> list[Vector]:
+    async def embed(self, texts: list[str]) -> list[Vector]:
         assert self.embedder is not None
         loop = asyncio.get_running_loop()
         rows = await loop.run_in_executor(self._pool, self.embedder.embed, texts)
@@ -99,7 +99,7 @@ class CacheStage:
         if self.embedder is None:
             return result
         texts = [query.embed_question] + ([query.embed_context] if query.embed_context else [])
-        vectors = await self._embed(texts)
+        vectors = await self.embed(texts)
         result.vector = vectors[0]
         result.context_vector = vectors[1] if len(vectors) > 1 else None
         found = await self.store.candidates(
@@ -183,7 +183,7 @@ class CacheStage:
         if vector is None and self.embedder is not None:
             # An exact-tier miss with the semantic tier off, or an embed that was skipped.
             texts = [query.embed_question] + ([query.embed_context] if query.embed_context else [])
-            rows = await self._embed(texts)
+            rows = await self.embed(texts)
             vector, context_vector = rows[0], (rows[1] if len(rows) > 1 else None)
         if vector is None:
             return
@@ -278,7 +278,11 @@ def _warm_on_start(**_: object) -> None:
 
 async def _warm() -> None:
     try:
-        await get_stage(await get_context())
+        stage = await get_stage(await get_context())
+        if stage is not None and stage.embedder is not None:
+            # onnxruntime's first run allocates and plans (several times a normal query):
+            # spent here, not racing a first chat's engine.
+            await stage.embed(["warm up"])
     except Exception:
         log.warning("cache warm-up failed; the first chat will retry", exc_info=True)
 

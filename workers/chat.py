@@ -78,6 +78,7 @@ class ChatRun:
         }
         self.publisher = JobPublisher(
             ctx.redis,
+            ctx.sender,
             ctx.keys,
             job.job_id,
             job.chat_id,

@@ -21,6 +21,8 @@ from shared.engines.factory import make_model_engine
 from shared.keys import Keys
 from shared.models import ModelSpec, ModelTable, model_table
 from shared.settings import Settings, get_settings
+from workers.publish import SEND_LUA
+from workers.sender import ChunkSender
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,8 @@ class WorkerContext:
     keys: Keys
     redis: aioredis.Redis
     name: str
+    # Every job's chunks, pipelined on one connection (workers/sender.py); started by start().
+    sender: ChunkSender
     _engines: dict[tuple[str, str], Engine] = field(default_factory=dict)
     running: dict[str, Cancellable] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -61,6 +65,7 @@ class WorkerContext:
         return self.engine_for(self.models.get(None))
 
     async def start(self, queues: tuple[str, ...]) -> None:
+        await self.sender.start()
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         await pubsub.subscribe(self.keys.cancel_channel)
         self._tasks.append(asyncio.create_task(self._listen_cancels(pubsub)))
@@ -113,6 +118,7 @@ class WorkerContext:
         for engine in self._engines.values():
             with contextlib.suppress(Exception):
                 await engine.aclose()
+        await self.sender.close()
         await self.redis.aclose()
 
 
@@ -151,6 +157,7 @@ async def get_context() -> WorkerContext:
                     )
                 ),
                 name=_name,
+                sender=ChunkSender(settings.redis_url, SEND_LUA),
             )
             await ctx.start(_queues)
             _context = ctx

@@ -3,29 +3,20 @@
 from __future__ import annotations
 
 import redis.asyncio as aioredis
-from redis.commands.core import AsyncScript
 
 from shared.keys import Keys
 from shared.protocol import CHUNK_STARTED, CHUNK_TOKEN, dumps, encode_chunk, encode_token
+from workers.sender import ChunkSender
 
-# PUBLISH + XADD (+ EXPIRE the first time) as one script: one command for redis-py to pack and
-# one reply to parse. A two-command pipeline per token was the largest share of a chat
-# worker's CPU at 50+ streams (BENCHMARKS.md).
+# PUBLISH + XADD (+ EXPIRE the first time) as one script: one command and one reply per chunk,
+# sent pipelined on the process's one chunk connection (workers/sender.py).
 # KEYS: channel, replay stream.  ARGV: message, maxlen, ttl seconds (0: leave the expiry).
-_SEND_LUA = """
+SEND_LUA = """
 redis.call('PUBLISH', KEYS[1], ARGV[1])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'm', ARGV[1])
 if ARGV[3] ~= '0' then redis.call('EXPIRE', KEYS[2], ARGV[3]) end
 return 1
 """
-_scripts: dict[int, AsyncScript] = {}
-
-
-def _send_script(redis: aioredis.Redis) -> AsyncScript:
-    script = _scripts.get(id(redis))
-    if script is None:
-        script = _scripts[id(redis)] = redis.register_script(_SEND_LUA)
-    return script
 
 
 class JobPublisher:
@@ -35,6 +26,7 @@ class JobPublisher:
     def __init__(
         self,
         redis: aioredis.Redis,
+        sender: ChunkSender,
         keys: Keys,
         job_id: str,
         chat_id: str,
@@ -43,6 +35,9 @@ class JobPublisher:
         replay_ttl_s: int,
     ) -> None:
         self._redis = redis
+        self._sender = sender
+        self._maxlen_arg = str(replay_maxlen)
+        self._ttl_arg = str(replay_ttl_s)
         self._channel = keys.job_channel(job_id)
         self._stream = keys.replay_stream(job_id)
         self._chat_id = chat_id
@@ -52,11 +47,10 @@ class JobPublisher:
         self.next_seq = 0
 
     async def send(self, message: str) -> None:
-        ttl = 0 if self._expiry_set else self._ttl
+        """Queue one chunk on the process's chunk connection (no round trip is awaited)."""
+        ttl = "0" if self._expiry_set else self._ttl_arg
         self._expiry_set = True
-        await _send_script(self._redis)(
-            keys=[self._channel, self._stream], args=[message, self._maxlen, ttl]
-        )
+        self._sender.send((self._channel, self._stream), (message, self._maxlen_arg, ttl))
 
     async def start(self, cancel_flag: str, started_at: float) -> bool:
         """Announce the job started and check its cancel flag in one round trip.

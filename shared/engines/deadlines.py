@@ -38,28 +38,80 @@ async def with_deadlines(
     started = False
     tokens = 0
     stream = deltas if isinstance(deltas, AsyncGenerator) else _generator(deltas)
+    watch = _Watchdog(first_token_s)
     async with aclosing(stream):
-        while True:
-            limit = idle_s if started else first_token_s
-            try:
-                async with asyncio.timeout(limit):
+        try:
+            while True:
+                watch.waiting = True
+                watch.since = watch.loop.time()
+                try:
                     delta = await anext(stream)
-            except StopAsyncIteration:
-                return
-            except TimeoutError as exc:
-                if not started:
-                    raise FirstTokenTimeout(
-                        f"model {model!r} sent no first token within {first_token_s:g}s"
-                    ) from exc
-                raise EngineStalled(
-                    f"model {model!r} stalled: no token for {idle_s:g}s after {tokens} "
-                    "token(s); the answer is incomplete, please retry"
-                ) from exc
-            if delta.text:
-                tokens += 1
-            if delta.text or delta.finish_reason is not None:
-                started = True
-            yield delta
+                except StopAsyncIteration:
+                    return
+                except asyncio.CancelledError:
+                    if not watch.expired():
+                        raise
+                    if not started:
+                        raise FirstTokenTimeout(
+                            f"model {model!r} sent no first token within {first_token_s:g}s"
+                        ) from None
+                    raise EngineStalled(
+                        f"model {model!r} stalled: no token for {idle_s:g}s after {tokens} "
+                        "token(s); the answer is incomplete, please retry"
+                    ) from None
+                watch.waiting = False
+                if delta.text:
+                    tokens += 1
+                if not started and (delta.text or delta.finish_reason is not None):
+                    started = True
+                    watch.limit = idle_s
+                yield delta
+        finally:
+            watch.close()
+
+
+class _Watchdog:
+    """One timer per stream instead of an ``asyncio.timeout`` per delta.
+
+    Per delta the stream only notes when it started waiting (``since``); the timer fires at
+    ``since + limit``, and if the stream has moved on since then it is set again for the
+    current wait. Only a wait that really lasted ``limit`` cancels the task; a wait that is not
+    in progress (the consumer holds the delta) never counts.
+    """
+
+    def __init__(self, limit: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None, "with_deadlines runs inside a task"
+        self.task = task
+        self.limit = limit
+        self.since = self.loop.time()
+        self.waiting = False
+        self._fired = False
+        self._handle: asyncio.TimerHandle | None = self.loop.call_at(
+            self.since + limit, self._check
+        )
+
+    def _check(self) -> None:
+        now = self.loop.time()
+        due = self.since + self.limit
+        if not self.waiting:
+            due = now + self.limit
+        if now < due:
+            self._handle = self.loop.call_at(due, self._check)
+            return
+        self._handle = None
+        self._fired = True
+        self.task.cancel()
+
+    def expired(self) -> bool:
+        """True when this watchdog cancelled the task (and nobody else did as well)."""
+        return self._fired and self.task.uncancel() == 0
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 async def _generator(deltas: AsyncIterator[Delta]) -> AsyncGenerator[Delta, None]:

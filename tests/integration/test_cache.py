@@ -26,6 +26,9 @@ def cstack(
         tmp_path_factory.mktemp("cachelogs"),
         workers=2,
         bulk=False,
+        # An engine slower than a lookup, as a real model is (the stack's default 20 ms sim
+        # can beat an embedding on a loaded 2-core machine; then the engine answers, by design).
+        sim_args=("--ttft-ms", "200", "--itl-ms", "5", "--max-tokens", "32"),
         cache_max_temperature="0.5",
     ) as s:
         s.wait_ready()
