@@ -110,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="write every run and the medians here",
     )
     p.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="print the table of an earlier run's --json file and exit (runs nothing)",
+    )
+    p.add_argument(
         "--keep-logs",
         action="store_true",
         help="keep the processes' logs (the work dir is printed)",
@@ -338,6 +345,10 @@ class RelayBench:
                 "redis": cpu.get("redis", math.nan),
             },
             "machine_busy": window.machine_busy,
+            # Cores busy with anything but this bench's processes (other users' work).
+            "other_cpu": window.machine_busy * _ncpu()
+            - sum(v for v in cpu.values())
+            - window.client,
         }
         c = run["cpu"]
         print(
@@ -346,7 +357,7 @@ class RelayBench:
             f"{len(ok)}/{len(outcome.results)} ok {errors or ''}, TTFT p50 "
             f"{run['ttft_ms_p50']:.1f} ms | CPU gateway {c['gateway']:.0%} producers "
             f"{c['producers']:.0%} client {c['client']:.0%} redis {c['redis']:.0%} "
-            f"machine {run['machine_busy']:.0%} of {_ncpu()} cores",
+            f"other {run['other_cpu']:.0%}; machine {run['machine_busy']:.0%} of {_ncpu()} cores",
             flush=True,
         )
         return run
@@ -393,6 +404,7 @@ def summary(runs: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
         "producers CPU",
         "client CPU",
         "redis CPU",
+        "other work CPU",
         "machine busy",
         "errors",
         "TTFT p50 ms",
@@ -420,6 +432,7 @@ def summary(runs: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
                 _pct([r["cpu"]["producers"] for r in rs]),
                 _pct([r["cpu"]["client"] for r in rs]),
                 _pct([r["cpu"]["redis"] for r in rs]),
+                _pct([r["other_cpu"] for r in rs]),
                 _pct([r["machine_busy"] for r in rs]),
                 sum(sum(r["errors"].values()) for r in rs),
                 f"{statistics.median(r['ttft_ms_p50'] for r in rs):.1f}",
@@ -434,6 +447,11 @@ def run(args: argparse.Namespace) -> int:
     from firsttoken.bench.cli import machine
     from firsttoken.bench.report import write_json
 
+    if args.report is not None:
+        import json
+
+        print(summary(json.loads(args.report.read_text())["runs"])[0])
+        return 0
     if any(k < 1 for k in args.tokens_per_frame):
         print("relay bench: --tokens-per-frame must be >= 1", file=sys.stderr)
         return 2
