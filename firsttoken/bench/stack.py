@@ -138,7 +138,7 @@ def _migrate_and_key(database_url: str) -> str:
 class BenchStack:
     """Start with :meth:`start_sim` and :meth:`start_stack`; always :meth:`close`."""
 
-    profile: Profile
+    profile: Profile | None
     workers: int = 2
     worker_concurrency: int = 1024
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ft-bench-")))
@@ -192,6 +192,8 @@ class BenchStack:
 
     def start_sim(self) -> str:
         """The simulated engine on this run's profile; returns its /v1 base URL."""
+        if self.profile is None:
+            raise ValueError("this stack has no engine profile")
         self.sim_port = free_port()
         self._start(
             "sim",
@@ -229,8 +231,19 @@ class BenchStack:
             self.database_url = f"sqlite+aiosqlite:///{self.workdir / 'firsttoken.db'}"
             self.notes.append("database: SQLite")
 
-    def start_stack(self) -> None:
-        """Services, migrations, an API key, the workers and one gateway, ready."""
+    def start_stack(self, chat_consumers: dict[str, list[str]] | None = None) -> None:
+        """Services, migrations, an API key, the workers and one gateway, ready.
+
+        ``chat_consumers`` (name -> python arguments) replaces the chat and bulk workers and
+        the engine with other processes that take jobs off the chat queue and heartbeat as chat
+        workers (the relay bench's producers, firsttoken/bench/producer.py)."""
+        if chat_consumers is not None:
+            self._services()
+            self.api_key = _migrate_and_key(self.database_url)
+            for name, args in chat_consumers.items():
+                self._start(name, args)
+            self._start_gateway()
+            return
         if not self.sim_port:
             self.start_sim()
         self._services()
@@ -252,6 +265,9 @@ class BenchStack:
             "worker-bulk",
             ["-m", "firsttoken", "worker", "--queues", "bulk", "--name", f"bulk-{self.prefix}@%h"],
         )
+        self._start_gateway()
+
+    def _start_gateway(self) -> None:
         self.gateway_port = free_port()
         self._start("gateway", ["-m", "gateway", "--port", str(self.gateway_port)])
         ready = f"http://127.0.0.1:{self.gateway_port}/readyz"
