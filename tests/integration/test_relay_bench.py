@@ -63,7 +63,8 @@ async def _capture(client: aioredis.Redis, channel: str, send: Any, until_kind: 
 
 
 def test_producer_chunks_match_the_worker_publisher() -> None:
-    from workers.publish import JobPublisher
+    from workers.publish import SEND_LUA, JobPublisher
+    from workers.sender import ChunkSender
 
     async def scenario() -> None:
         keys = Keys(f"ftrelay{uuid.uuid4().hex[:8]}")
@@ -72,8 +73,11 @@ def test_producer_chunks_match_the_worker_publisher() -> None:
             worker_job = _job(keys, "chat-1")
             bench_job = _job(keys, "chat-1")
             # What a chat worker publishes for a 7-token answer, one token per chunk.
+            sender = ChunkSender(REDIS_URL, SEND_LUA)
+            await sender.start()
             publisher = JobPublisher(
                 client,
+                sender,
                 keys,
                 worker_job["job_id"],
                 "chat-1",
@@ -86,6 +90,7 @@ def test_producer_chunks_match_the_worker_publisher() -> None:
                 for _ in range(TOKENS):
                     await publisher.token(TOKEN_TEXT)
                 await publisher.control(CHUNK_DONE, json.dumps({"type": "done"}))
+                await sender.close()
 
             worker = await _capture(
                 client, keys.job_channel(worker_job["job_id"]), worker_sends, CHUNK_DONE
