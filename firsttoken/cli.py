@@ -10,6 +10,8 @@ from collections.abc import Callable
 from shared.errors import ConfigError
 from shared.keys import BULK_QUEUE, CHAT_QUEUE, QUEUES
 
+CHAT_SWITCH_INTERVAL_S = 0.0005
+
 
 def _cmd_up(args: argparse.Namespace) -> int:
     from firsttoken.up import run_up
@@ -52,6 +54,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from workers.app import app
 
     if solo:
+        # Two threads share the GIL here: kombu's consumer and the chat loop. A thread that
+        # wakes for a new chat waits for the other to release the GIL, up to the switch
+        # interval (5 ms by default), in front of every first token.
+        sys.setswitchinterval(CHAT_SWITCH_INTERVAL_S)
         # Chat tasks are acked on receipt and never redelivered (a late answer is a wrong
         # answer), so kombu's unacked bookkeeping would only add Redis round trips in front of
         # every chat. Bulk workers keep it: their acks_late is what makes writes durable.

@@ -96,6 +96,7 @@ class ChatRun:
         self.lookup = Lookup(tier="off")
         self._helpers: list[asyncio.Future[Any]] = []
         self._task: asyncio.Task[Any] | None = None
+        self._queued_cancel: asyncio.Task[bool] | None = None
         # Set by cancel(). Task cancellation alone is not enough: a CancelledError raised
         # inside a Redis client call can come out as a timeout error, or be absorbed by an
         # awaited helper task, and the chat would then run on. The flag is checked at every
@@ -143,10 +144,18 @@ class ChatRun:
                 )
             )
             return False
-        if await self.publisher.start(self.ctx.keys.cancel_flag(job.job_id), now):
-            await record(self.ctx, job, self.points, Outcome(self.model, "cancelled", "cancelled"))
-            return False
+        await self.publisher.start(now)
+        # A chat cancelled while queued is rare: its flag is read alongside the cache lookup
+        # and retrieval, and checked before anything is sent (see _check_queued_cancel).
+        self._queued_cancel = self._spawn(
+            self.publisher.cancelled_while_queued(self.ctx.keys.cancel_flag(job.job_id))
+        )
         return True
+
+    async def _check_queued_cancel(self) -> None:
+        if self._queued_cancel is not None and await self._queued_cancel:
+            self.cancel_requested = True
+            raise asyncio.CancelledError
 
     async def _answer(self) -> None:
         lookup = self._spawn(self._lookup()) if self._cacheable() else None
@@ -161,6 +170,7 @@ class ChatRun:
         self.points["retrieval_done"] = time.time()
         self.model = prepared.model
         self.prompt_tokens = prepared.built.prompt_tokens
+        await self._check_queued_cancel()
         self.generation = job_generation(self.ctx, prepared.job, self.publisher)
         # The engine starts now, while a semantic lookup may still be embedding; its first
         # token waits at `go` until the lookup has missed (or lost the race).
@@ -196,6 +206,7 @@ class ChatRun:
         hit = self.lookup.hit
         if self.cache is None or hit is None or self.cancel_requested:
             return False
+        await self._check_queued_cancel()
         for helper in self._helpers:
             if helper is not lookup:
                 helper.cancel()
@@ -266,6 +277,7 @@ class ChatRun:
         if self.stream.first_published is not None:
             points["first_chunk_published"] = self.stream.first_published
         points["finished"] = time.time()
+        await retrieve.settle_background(prepared)
         await retrieve.after_answer(self.ctx, self.job, prepared, answer, self.model)
         usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
         if engine_prompt_tokens is not None and engine_prompt_tokens != self.prompt_tokens:

@@ -52,19 +52,13 @@ class JobPublisher:
         self._expiry_set = True
         self._sender.send((self._channel, self._stream), (message, self._maxlen_arg, ttl))
 
-    async def start(self, cancel_flag: str, started_at: float) -> bool:
-        """Announce the job started and check its cancel flag in one round trip.
+    async def start(self, started_at: float) -> None:
+        """Announce that the job started (first on the chunk connection, so before its tokens)."""
+        await self.send(encode_chunk(CHUNK_STARTED, dumps({"t": started_at})))
 
-        Returns True when the client cancelled the job while it was queued."""
-        message = encode_chunk(CHUNK_STARTED, dumps({"t": started_at}))
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.exists(cancel_flag)
-            pipe.publish(self._channel, message)
-            pipe.xadd(self._stream, {"m": message}, maxlen=self._maxlen, approximate=True)
-            pipe.expire(self._stream, self._ttl)
-            cancelled, *_ = await pipe.execute()
-        self._expiry_set = True
-        return bool(cancelled)
+    async def cancelled_while_queued(self, cancel_flag: str) -> bool:
+        """True when the client cancelled the job while it waited in the queue."""
+        return bool(await self._redis.exists(cancel_flag))
 
     async def token(self, text: str) -> None:
         seq = self.next_seq

@@ -8,7 +8,8 @@ Sources (each behind :class:`shared.retrieval.Source`, each under its own deadli
   database on the hot path, and this query is one the worker makes anyway);
 - ``kb``: the question's embedding (the cache's embedder) against the tenant's chunks;
 - ``quota``: the tenant's tokens used in the current minute (advisory: reported, never blocks;
-  the gateway's admission already enforces the limit).
+  the gateway's admission already enforces the limit). It runs in the background: the prompt
+  does not wait for its Redis round trip, and `done` reports it.
 
 A late or failing source is skipped and reported in the `done` frame's ``retrieval``. The one
 exception is a conversation the source *did* read and found missing or foreign: that is the
@@ -51,7 +52,14 @@ from shared.prompt import (
     parse_templates,
 )
 from shared.protocol import AUTO_MODEL
-from shared.retrieval import Query, Source, SourceResult, gather_sources, summarize_results
+from shared.retrieval import (
+    Query,
+    Source,
+    SourceResult,
+    gather_sources,
+    run_source,
+    summarize_results,
+)
 from shared.routing import DEFAULT_REASONING_CUES, Decision, RoutingRules, decide
 from shared.settings import Settings
 from shared.tasks import ChatJob, task_message
@@ -341,13 +349,53 @@ class Prepared:
     window: Window | None
     conversation_ok: bool  # the turn may be stored in job.conversation_id
     retrieval: dict[str, Any]
+    # BACKGROUND_SOURCES still running; settle_background() adds them to `retrieval`.
+    background: dict[str, asyncio.Future[SourceResult]] = field(default_factory=dict)
+
+
+# Sources the prompt never reads: they run alongside the answer and only `done` reports them.
+BACKGROUND_SOURCES = frozenset({"quota"})
 
 
 async def prepare(ctx: WorkerContext, job: ChatJob) -> Prepared:
     """Run the sources, then build the prompt (and pick the model for ``auto``)."""
     query = Query(job.tenant_id, job.messages[-1].content, job.conversation_id, job.key_id)
-    results = await gather_sources(sources_for(ctx, job), query)
-    return assemble(ctx.settings, ctx.models, job, results)
+    sources = sources_for(ctx, job)
+    background = {
+        s.name: asyncio.ensure_future(run_source(s, query))
+        for s in sources
+        if s.name in BACKGROUND_SOURCES
+    }
+    try:
+        results = await gather_sources(
+            [s for s in sources if s.name not in BACKGROUND_SOURCES], query
+        )
+        prepared = assemble(ctx.settings, ctx.models, job, results)
+    except BaseException:
+        for task in background.values():
+            task.cancel()
+        raise
+    prepared.background.update(background)
+    return prepared
+
+
+async def settle_background(prepared: Prepared, wait_s: float = 0.05) -> None:
+    """Add the background sources' results to ``prepared.retrieval`` (waiting at most
+    ``wait_s``: by the end of an answer they are long done); one still running is dropped."""
+    tasks = prepared.background
+    if not tasks:
+        return
+    await asyncio.wait(tasks.values(), timeout=wait_s)
+    done = {}
+    for name, task in tasks.items():
+        if task.done() and not task.cancelled():
+            done[name] = task.result()
+        else:
+            task.cancel()
+    summary = summarize_results(done)
+    prepared.retrieval["sources"].update(summary["sources"])
+    prepared.retrieval["skipped"].extend(summary["skipped"])
+    tasks.clear()
 
 
 def assemble(

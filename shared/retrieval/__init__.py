@@ -13,6 +13,7 @@ from shared.retrieval.gather import (
     SourceResult,
     gather_sources,
     run_serially,
+    run_source,
     summarize_results,
 )
 
@@ -22,5 +23,6 @@ __all__ = [
     "SourceResult",
     "gather_sources",
     "run_serially",
+    "run_source",
     "summarize_results",
 ]

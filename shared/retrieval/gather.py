@@ -44,7 +44,8 @@ class SourceResult:
         return self.status == "ok"
 
 
-async def _run_one(source: Source, query: Query) -> SourceResult:
+async def run_source(source: Source, query: Query) -> SourceResult:
+    """One source under its deadline; never raises (a failure is a result)."""
     start = time.perf_counter()
     try:
         # The timeout cancels the source at its deadline, so a hung DB query or embedding call
@@ -64,13 +65,13 @@ async def _run_one(source: Source, query: Query) -> SourceResult:
 
 async def gather_sources(sources: Sequence[Source], query: Query) -> dict[str, SourceResult]:
     """Every source concurrently; the dict is in ``sources`` order."""
-    results = await asyncio.gather(*(_run_one(s, query) for s in sources))
+    results = await asyncio.gather(*(run_source(s, query) for s in sources))
     return {r.name: r for r in results}
 
 
 async def run_serially(sources: Sequence[Source], query: Query) -> dict[str, SourceResult]:
     """One after the other (the naive stage); kept for the benchmark's comparison."""
-    return {s.name: await _run_one(s, query) for s in sources}
+    return {s.name: await run_source(s, query) for s in sources}
 
 
 def summarize_results(results: dict[str, SourceResult]) -> dict[str, Any]:

@@ -86,7 +86,7 @@ def test_producer_chunks_match_the_worker_publisher() -> None:
             )
 
             async def worker_sends() -> None:
-                await publisher.start(keys.cancel_flag(worker_job["job_id"]), time.time())
+                await publisher.start(time.time())
                 for _ in range(TOKENS):
                     await publisher.token(TOKEN_TEXT)
                 await publisher.control(CHUNK_DONE, json.dumps({"type": "done"}))
