@@ -145,15 +145,19 @@ class ChatRun:
             )
             return False
         await self.publisher.start(now)
-        # A chat cancelled while queued is rare: its flag is read alongside the cache lookup
-        # and retrieval, and checked before anything is sent (see _check_queued_cancel).
-        self._queued_cancel = self._spawn(
-            self.publisher.cancelled_while_queued(self.ctx.keys.cancel_flag(job.job_id))
-        )
         return True
 
+    def _read_queued_cancel(self) -> None:
+        """Start reading the flag of a chat cancelled while it was queued. That is rare: the
+        read runs alongside the engine's first token and is checked before any is sent."""
+        if self._queued_cancel is None:
+            flag = self.ctx.keys.cancel_flag(self.job.job_id)
+            self._queued_cancel = self._spawn(self.publisher.cancelled_while_queued(flag))
+
     async def _check_queued_cancel(self) -> None:
-        if self._queued_cancel is not None and await self._queued_cancel:
+        self._read_queued_cancel()
+        assert self._queued_cancel is not None
+        if await self._queued_cancel:
             self.cancel_requested = True
             raise asyncio.CancelledError
 
@@ -170,12 +174,14 @@ class ChatRun:
         self.points["retrieval_done"] = time.time()
         self.model = prepared.model
         self.prompt_tokens = prepared.built.prompt_tokens
-        await self._check_queued_cancel()
         self.generation = job_generation(self.ctx, prepared.job, self.publisher)
         # The engine starts now, while a semantic lookup may still be embedding; its first
         # token waits at `go` until the lookup has missed (or lost the race).
         first_ready, go = asyncio.Event(), asyncio.Event()
         generate = self._spawn(self._generate(first_ready, go))
+        # Off the first token's path: these run while the engine works on it.
+        self._read_queued_cancel()
+        retrieve.start_background(prepared)
         if lookup is not None and not lookup.done():
             engine_first = self._spawn(first_ready.wait())
             await asyncio.wait(
@@ -183,6 +189,7 @@ class ChatRun:
             )
             if await self._served_from_cache(lookup):
                 return
+        await self._check_queued_cancel()
         go.set()
         finish_reason, engine_prompt_tokens = await generate
         await self._finish(prepared, finish_reason, engine_prompt_tokens, lookup)

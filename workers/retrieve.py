@@ -349,7 +349,9 @@ class Prepared:
     window: Window | None
     conversation_ok: bool  # the turn may be stored in job.conversation_id
     retrieval: dict[str, Any]
-    # BACKGROUND_SOURCES still running; settle_background() adds them to `retrieval`.
+    # BACKGROUND_SOURCES: to start (deferred), then running (background); settle_background()
+    # adds their results to `retrieval`.
+    deferred: list[tuple[Source, Query]] = field(default_factory=list)
     background: dict[str, asyncio.Future[SourceResult]] = field(default_factory=dict)
 
 
@@ -358,25 +360,25 @@ BACKGROUND_SOURCES = frozenset({"quota"})
 
 
 async def prepare(ctx: WorkerContext, job: ChatJob) -> Prepared:
-    """Run the sources, then build the prompt (and pick the model for ``auto``)."""
+    """Run the sources, then build the prompt (and pick the model for ``auto``).
+
+    The BACKGROUND_SOURCES are not started here: :func:`start_background` starts them once the
+    engine request is on its way."""
     query = Query(job.tenant_id, job.messages[-1].content, job.conversation_id, job.key_id)
     sources = sources_for(ctx, job)
-    background = {
-        s.name: asyncio.ensure_future(run_source(s, query))
-        for s in sources
-        if s.name in BACKGROUND_SOURCES
-    }
-    try:
-        results = await gather_sources(
-            [s for s in sources if s.name not in BACKGROUND_SOURCES], query
-        )
-        prepared = assemble(ctx.settings, ctx.models, job, results)
-    except BaseException:
-        for task in background.values():
-            task.cancel()
-        raise
-    prepared.background.update(background)
+    results = await gather_sources(
+        [s for s in sources if s.name not in BACKGROUND_SOURCES], query
+    )
+    prepared = assemble(ctx.settings, ctx.models, job, results)
+    prepared.deferred.extend((s, query) for s in sources if s.name in BACKGROUND_SOURCES)
     return prepared
+
+
+def start_background(prepared: Prepared) -> None:
+    """Start the background sources (their results go to `done`, see settle_background)."""
+    for source, query in prepared.deferred:
+        prepared.background[source.name] = asyncio.ensure_future(run_source(source, query))
+    prepared.deferred.clear()
 
 
 async def settle_background(prepared: Prepared, wait_s: float = 0.05) -> None:
