@@ -366,9 +366,7 @@ async def prepare(ctx: WorkerContext, job: ChatJob) -> Prepared:
     engine request is on its way."""
     query = Query(job.tenant_id, job.messages[-1].content, job.conversation_id, job.key_id)
     sources = sources_for(ctx, job)
-    results = await gather_sources(
-        [s for s in sources if s.name not in BACKGROUND_SOURCES], query
-    )
+    results = await gather_sources([s for s in sources if s.name not in BACKGROUND_SOURCES], query)
     prepared = assemble(ctx.settings, ctx.models, job, results)
     prepared.deferred.extend((s, query) for s in sources if s.name in BACKGROUND_SOURCES)
     return prepared
