@@ -165,6 +165,8 @@ class ChatRun:
         lookup = self._spawn(self._lookup()) if self._cacheable() else None
         if lookup is None:
             self.points["cache_decided"] = self.points["worker_start"]
+        else:
+            self._read_queued_cancel()  # a hit is sent as soon as it is found
         prepare = self._spawn(retrieve.prepare(self.ctx, self.job))
         if lookup is not None:
             await asyncio.wait({lookup, prepare}, return_when=asyncio.FIRST_COMPLETED)
