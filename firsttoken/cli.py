@@ -51,6 +51,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         # Low-priority work at low CPU priority: on a shared host the bulk and summarize pools
         # run in the time the chat path leaves idle (their queues absorb the wait).
         os.nice(settings.background_nice)
+        _lower_session_priority(settings.background_nice)
     from workers.app import app
 
     if solo:
@@ -87,6 +88,20 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         ]
     )
     return 0
+
+
+def _lower_session_priority(nice: int) -> None:
+    """Where the kernel groups scheduling by session (Linux autogroup, on by default on most
+    distributions), nice ranks processes only within their session; between sessions the
+    session's own nice counts. A worker that leads its session (under `firsttoken up`, the
+    benchmark, systemd or a container's init) lowers that one too. Best effort."""
+    if os.getsid(0) != os.getpid():
+        return  # sharing a session: lowering it would also slow the others in it
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:
+        pass  # no autogroup here: plain nice is what counts
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
