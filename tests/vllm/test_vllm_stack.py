@@ -120,6 +120,7 @@ async def test_usage_matches_what_vllm_reports(
     assert len(rows) == 1
     row = rows[0]
     assert row.completion_tokens == 20 and row.model == SERVED and row.finish_reason == "length"
+    assert row.prompt_tokens == prompt_after - prompt_before  # vLLM's count, not the estimate
 
 
 @pytest.mark.parametrize("how", ["cancel", "disconnect"])
