@@ -117,7 +117,7 @@ class CacheStage:
             result.reasons.append(reason)
         return result
 
-    async def replay(
+    def replay(
         self,
         job: ChatJob,
         publisher: JobPublisher,
@@ -129,7 +129,7 @@ class CacheStage:
         size = self.settings.cache_replay_chars
         text = hit.answer
         for start in range(0, len(text), size):
-            await publisher.token(text[start : start + size])
+            publisher.token(text[start : start + size])
             if start == 0:
                 points["first_chunk_published"] = time.time()
         points["finished"] = time.time()
@@ -143,7 +143,7 @@ class CacheStage:
             "chunks": publisher.next_seq,
             "points": points,
         }
-        await publisher.control(CHUNK_DONE, dumps(done))
+        publisher.control(CHUNK_DONE, dumps(done))
         self._background(self.store.touch(job.tenant_id, hit.entry_id))
 
     def remember(

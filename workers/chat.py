@@ -144,7 +144,7 @@ class ChatRun:
                 )
             )
             return False
-        await self.publisher.start(now)
+        self.publisher.start(now)
         return True
 
     def _read_queued_cancel(self) -> None:
@@ -219,7 +219,7 @@ class ChatRun:
         for helper in self._helpers:
             if helper is not lookup:
                 helper.cancel()
-        await self.cache.replay(self.job, self.publisher, self.model, hit, self.points)
+        self.cache.replay(self.job, self.publisher, self.model, hit, self.points)
         await record(
             self.ctx,
             self.job,
@@ -262,7 +262,7 @@ class ChatRun:
                 if "engine_first_token" not in self.points:
                     self.points["engine_first_token"] = time.time()
                 self.completion_tokens += 1
-                await self.stream.add(delta.text)
+                self.stream.add(delta.text)
             if delta.finish_reason is not None:
                 finish_reason = delta.finish_reason
             if delta.prompt_tokens is not None:
@@ -271,7 +271,7 @@ class ChatRun:
                 self.completion_tokens = delta.completion_tokens
             delta = await _next(deltas)
         self._check_cancelled()
-        await self.stream.close()
+        self.stream.close()
         return finish_reason, engine_prompt_tokens
 
     async def _finish(
@@ -303,7 +303,7 @@ class ChatRun:
             "points": points,
             **retrieve.done_fields(prepared),
         }
-        await self.publisher.control(CHUNK_DONE, dumps(done))
+        self.publisher.control(CHUNK_DONE, dumps(done))
         if lookup is not None and not lookup.done():
             # The engine answered before the lookup finished; its vectors are still wanted
             # to store this answer.
@@ -358,7 +358,7 @@ class ChatRun:
         await record(self.ctx, self.job, self.points, outcome)
         frame = error_frame(self.job.chat_id, Cancelled("the chat was cancelled"))
         with contextlib.suppress(Exception):
-            await self.publisher.control(CHUNK_ERROR, dumps(frame))
+            self.publisher.control(CHUNK_ERROR, dumps(frame))
 
     async def _failed(self, exc: BaseException) -> None:
         if not isinstance(exc, FirstTokenError):
@@ -366,7 +366,7 @@ class ChatRun:
         self.stream.stop()
         frame = error_frame(self.job.chat_id, exc)
         with contextlib.suppress(Exception):
-            await self.publisher.control(CHUNK_ERROR, dumps(frame))
+            self.publisher.control(CHUNK_ERROR, dumps(frame))
         status = "timeout" if isinstance(exc, DeadlineExceeded) else "error"
         outcome = Outcome(
             self.model, frame["code"], status, completion_tokens=self.completion_tokens

@@ -172,7 +172,7 @@ class Generation:
 
 
 class _Publisher(Protocol):
-    async def control(self, kind: str, payload: str) -> None: ...
+    def control(self, kind: str, payload: str) -> None: ...
 
 
 class _Context(EngineSource, Protocol):
@@ -192,7 +192,7 @@ def job_generation(ctx: _Context, job: ChatJob, publisher: _Publisher) -> Genera
 
     async def on_failover(failure: Failure, nxt: ModelSpec) -> None:
         payload = {"t": time.time(), "failover": {"from": failure.model, "to": nxt.name}}
-        await publisher.control(CHUNK_STARTED, dumps(payload))
+        publisher.control(CHUNK_STARTED, dumps(payload))
 
     request = EngineRequest(
         messages=job.messages,

@@ -21,7 +21,11 @@ return 1
 
 class JobPublisher:
     """Sends one job's messages; every message goes to the channel and the replay stream in one
-    round trip, so a gap or a reconnect can be repaired from the stream."""
+    script call, so a gap or a reconnect can be repaired from the stream.
+
+    Sending only queues the call on the process's chunk connection (workers/sender.py), so the
+    send methods are plain functions: nothing between two chunks yields to the loop, and a job's
+    chunks keep the order they were sent in."""
 
     def __init__(
         self,
@@ -36,34 +40,32 @@ class JobPublisher:
     ) -> None:
         self._redis = redis
         self._sender = sender
-        self._maxlen_arg = str(replay_maxlen)
-        self._ttl_arg = str(replay_ttl_s)
+        self._maxlen = str(replay_maxlen)
+        self._ttl = str(replay_ttl_s)
         self._channel = keys.job_channel(job_id)
         self._stream = keys.replay_stream(job_id)
         self._chat_id = chat_id
-        self._maxlen = replay_maxlen
-        self._ttl = replay_ttl_s
         self._expiry_set = False
         self.next_seq = 0
 
-    async def send(self, message: str) -> None:
-        """Queue one chunk on the process's chunk connection (no round trip is awaited)."""
-        ttl = "0" if self._expiry_set else self._ttl_arg
+    def send(self, message: str) -> None:
+        """Queue one chunk on the process's chunk connection (the first one sets the expiry)."""
+        ttl = "0" if self._expiry_set else self._ttl
         self._expiry_set = True
-        self._sender.send((self._channel, self._stream), (message, self._maxlen_arg, ttl))
+        self._sender.send((self._channel, self._stream), (message, self._maxlen, ttl))
 
-    async def start(self, started_at: float) -> None:
+    def start(self, started_at: float) -> None:
         """Announce that the job started (first on the chunk connection, so before its tokens)."""
-        await self.send(encode_chunk(CHUNK_STARTED, dumps({"t": started_at})))
+        self.send(encode_chunk(CHUNK_STARTED, dumps({"t": started_at})))
 
     async def cancelled_while_queued(self, cancel_flag: str) -> bool:
         """True when the client cancelled the job while it waited in the queue."""
         return bool(await self._redis.exists(cancel_flag))
 
-    async def token(self, text: str) -> None:
+    def token(self, text: str) -> None:
         seq = self.next_seq
         self.next_seq += 1
-        await self.send(encode_chunk(CHUNK_TOKEN, encode_token(self._chat_id, seq, text), seq))
+        self.send(encode_chunk(CHUNK_TOKEN, encode_token(self._chat_id, seq, text), seq))
 
-    async def control(self, kind: str, payload: str) -> None:
-        await self.send(encode_chunk(kind, payload))
+    def control(self, kind: str, payload: str) -> None:
+        self.send(encode_chunk(kind, payload))

@@ -86,10 +86,10 @@ def test_producer_chunks_match_the_worker_publisher() -> None:
             )
 
             async def worker_sends() -> None:
-                await publisher.start(time.time())
+                publisher.start(time.time())
                 for _ in range(TOKENS):
-                    await publisher.token(TOKEN_TEXT)
-                await publisher.control(CHUNK_DONE, json.dumps({"type": "done"}))
+                    publisher.token(TOKEN_TEXT)
+                publisher.control(CHUNK_DONE, json.dumps({"type": "done"}))
                 await sender.close()
 
             worker = await _capture(
