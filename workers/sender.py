@@ -36,12 +36,14 @@ log = logging.getLogger(__name__)
 Call = tuple[bytes, ...]  # the script's keys and arguments, encoded
 
 
+def bulk(arg: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(arg), arg)
+
+
 def pack(args: Sequence[bytes]) -> bytes:
     """One RESP command (an array of bulk strings)."""
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
-    return b"".join(out)
+    return b"*%d\r\n" % len(args) + b"".join(bulk(arg) for arg in args)
 
 
 class ChunkSender:
@@ -74,7 +76,6 @@ class ChunkSender:
         self._drained = asyncio.Event()  # set whenever nothing waits for a reply
         self._down_since: float | None = None
         self._task: asyncio.Task[None] | None = None
-        self.sent = 0
         self.errors = 0
 
     async def start(self) -> None:
@@ -172,7 +173,6 @@ class ChunkSender:
             data, self._buffer = self._buffer, []
             if data:
                 await conn.send_packed_command(data, check_health=False)
-                self.sent += len(data)
 
     async def _read(self, conn: AbstractConnection) -> None:
         in_flight = self._in_flight

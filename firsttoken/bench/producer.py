@@ -45,6 +45,7 @@ from shared.protocol import (
     encode_token,
 )
 from shared.settings import get_settings
+from workers.sender import bulk, pack
 
 TOKEN_TEXT = " tok"  # every token's text; a frame of k tokens carries it k times
 DEFAULT_MODEL = "relay-bench"
@@ -76,16 +77,9 @@ class Shape:
         return sizes
 
 
-def _bulk(value: bytes) -> bytes:
-    return b"$%d\r\n%s\r\n" % (len(value), value)
-
-
 def resp(*args: str | bytes | int) -> bytes:
-    """One Redis command in RESP."""
-    parts = [b"*%d\r\n" % len(args)]
-    for a in args:
-        parts.append(_bulk(a if isinstance(a, bytes) else str(a).encode()))
-    return b"".join(parts)
+    """One Redis command in RESP (the chat worker's packer, workers/sender.py)."""
+    return pack([a if isinstance(a, bytes) else str(a).encode() for a in args])
 
 
 class ProducerJob:
@@ -116,15 +110,15 @@ class ProducerJob:
         job_id = str(job["job_id"])
         channel = keys.job_channel(job_id).encode()
         stream = self._stream = keys.replay_stream(job_id).encode()
-        self._pub = b"*3\r\n$7\r\nPUBLISH\r\n" + _bulk(channel)
+        self._pub = b"*3\r\n$7\r\nPUBLISH\r\n" + bulk(channel)
         self._xadd = (
             b"*8\r\n$4\r\nXADD\r\n"
-            + _bulk(stream)
-            + _bulk(b"MAXLEN")
-            + _bulk(b"~")
-            + _bulk(str(maxlen).encode())
-            + _bulk(b"*")
-            + _bulk(b"m")
+            + bulk(stream)
+            + bulk(b"MAXLEN")
+            + bulk(b"~")
+            + bulk(str(maxlen).encode())
+            + bulk(b"*")
+            + bulk(b"m")
         )
         # encode_token(chat_id, seq, text) == head + str(seq) + tail; checked below.
         self._tok_head = '{"type":"token","id":' + json.dumps(self.chat_id, ensure_ascii=False)
@@ -162,7 +156,7 @@ class ProducerJob:
 
     def command(self, message: bytes) -> bytes:
         """PUBLISH + XADD of one message, as workers/publish.py sends it."""
-        body = _bulk(message)
+        body = bulk(message)
         return self._pub + body + self._xadd + body
 
     def started(self, wall: float, ttl: int) -> bytes:
