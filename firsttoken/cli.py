@@ -52,6 +52,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         # run in the time the chat path leaves idle (their queues absorb the wait).
         os.nice(settings.background_nice)
         _lower_session_priority(settings.background_nice)
+    if solo and args.pool == "asyncio":
+        sys.setswitchinterval(CHAT_SWITCH_INTERVAL_S)  # the loop shares the GIL with embeddings
+        return _serve_chat(args, get_settings().chat_concurrency)
     from workers.app import app
 
     if solo:
@@ -86,6 +89,33 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             "--without-mingle",
             "--without-heartbeat",
         ]
+    )
+    return 0
+
+
+def _serve_chat(args: argparse.Namespace, concurrency: int) -> int:
+    """The chat queue on the asyncio pool (workers/consumer.py): no Celery thread hops."""
+    import logging
+
+    import uvloop
+
+    from shared.keys import CHAT_QUEUE
+    from workers.app import SHUTDOWN_GRACE_S
+    from workers.chat import HANDLERS, warm_chat_worker
+    from workers.consumer import node_name, serve
+
+    logging.basicConfig(
+        level=args.loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
+    )
+    uvloop.run(
+        serve(
+            name=node_name(args.name or f"{CHAT_QUEUE}@%h"),
+            queue=CHAT_QUEUE,
+            handlers=HANDLERS,
+            concurrency=concurrency,
+            shutdown_grace_s=SHUTDOWN_GRACE_S,
+            warm=warm_chat_worker,
+        )
     )
     return 0
 
@@ -175,6 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="chats in flight (chat queue; default FIRSTTOKEN_CHAT_CONCURRENCY) or threads "
         "(bulk; default FIRSTTOKEN_BULK_CONCURRENCY)",
+    )
+    p.add_argument(
+        "--pool",
+        choices=("asyncio", "celery"),
+        default="asyncio",
+        help="how a chat-only worker runs: asyncio (default; the chat queue read straight into "
+        "the process's event loop, see workers/consumer.py) or celery (a Celery worker whose "
+        "solo pool hands each chat to that loop). Workers of other queues always run Celery.",
     )
     p.add_argument("--name", default=None, help="worker node name (default QUEUES@hostname)")
     p.add_argument("--loglevel", default="warning", help="Celery log level (default warning)")

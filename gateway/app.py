@@ -18,6 +18,7 @@ from gateway.session import Session
 from gateway.state import Gateway
 from shared.db.session import ping as db_ping
 from shared.errors import FirstTokenError, Overloaded, Unauthorized, error_frame
+from shared.heap import freeze_startup_objects
 from shared.models import model_table
 from shared.protocol import dumps
 from shared.settings import Settings, get_settings
@@ -133,6 +134,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         gw = Gateway(settings)
         await gw.start()
         app.state.gateway = gw
+        freeze_startup_objects()  # full GC passes off the relay path (shared/heap.py)
         try:
             yield
         finally:

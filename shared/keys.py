@@ -13,6 +13,7 @@ QUEUES = (CHAT_QUEUE, BULK_QUEUE, SUMMARIZE_QUEUE)
 # Task names: the gateway enqueues by name and never imports the workers.
 CHAT_TASK = "firsttoken.chat"
 PERSIST_USAGE_TASK = "firsttoken.persist_usage"
+PERSIST_USAGE_BATCH_TASK = "firsttoken.persist_usage_batch"
 PERSIST_MESSAGES_TASK = "firsttoken.persist_messages"
 SUMMARIZE_TASK = "firsttoken.summarize"
 

@@ -153,6 +153,14 @@ class Settings(BaseSettings):
     flush_max_chars: int = Field(256, ge=1, description="Held text is sent early at this size.")
     replay_maxlen: int = Field(2000, ge=10, description="Chunks kept in a job's replay stream.")
     replay_ttl_s: int = Field(600, ge=10, description="How long a job's replay stream lives.")
+    usage_batch_ms: float = Field(
+        50.0,
+        ge=0,
+        description="A chat worker sends the usage rows of chats that end within this window "
+        "as one bulk task (one message, one transaction) instead of one each. A worker killed "
+        "without warning loses at most this window's rows, as it loses the chats it was "
+        "running; a stopping worker sends them first. 0: one task per chat.",
+    )
     store_text: bool = Field(
         False,
         description="Store prompt and answer text in `messages`. Off unless enabled: usage rows "

@@ -8,6 +8,7 @@ without blocking. The integration tests prove a real Celery worker runs it.
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from typing import Any
@@ -119,3 +120,38 @@ def task_message(
         },
     }
     return json.dumps(envelope, separators=(",", ":"))
+
+
+class TaskCall(BaseModel):
+    """One Celery protocol-2 task message, as a consumer reads it off a kombu Redis list."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    task_id: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+
+def parse_task_message(raw: bytes | str) -> TaskCall:
+    """Read a kombu Redis-transport envelope (as `task_message` or Celery's own producer
+    writes it: plain or base64 body, JSON content) into the task it calls.
+
+    Raises ValueError saying what is wrong with a message that is not such a task call.
+    """
+    try:
+        envelope = json.loads(raw)
+        headers = envelope["headers"]
+        body: Any = envelope["body"]
+        if envelope.get("content-type", "application/json") != "application/json":
+            raise ValueError(
+                f"content-type {envelope.get('content-type')!r} (only JSON is accepted)"
+            )
+        if envelope.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args, kwargs, _embed = json.loads(body)
+        return TaskCall(name=headers["task"], task_id=headers["id"], args=args, kwargs=kwargs)
+    except ValueError as exc:
+        raise ValueError(f"not a Celery protocol-2 JSON task message: {exc}") from exc
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a Celery protocol-2 JSON task message: missing {exc}") from exc

@@ -17,6 +17,7 @@ from shared.keys import (
     CHAT_QUEUE,
     CHAT_TASK,
     PERSIST_MESSAGES_TASK,
+    PERSIST_USAGE_BATCH_TASK,
     PERSIST_USAGE_TASK,
     SUMMARIZE_QUEUE,
     SUMMARIZE_TASK,
@@ -54,6 +55,7 @@ app.conf.update(
     task_routes={
         CHAT_TASK: {"queue": CHAT_QUEUE},
         PERSIST_USAGE_TASK: {"queue": BULK_QUEUE},
+        PERSIST_USAGE_BATCH_TASK: {"queue": BULK_QUEUE},
         PERSIST_MESSAGES_TASK: {"queue": BULK_QUEUE},
         SUMMARIZE_TASK: {"queue": SUMMARIZE_QUEUE},
     },

@@ -22,6 +22,7 @@ from shared.cache.policy import Policy, Query, judge, servable, storable
 from shared.cache.store import CacheStore, NewEntry, StoredAnswer
 from shared.embeddings.base import Embedder
 from shared.embeddings.factory import make_embedder
+from shared.heap import freeze_startup_objects
 from shared.keys import CHAT_QUEUE
 from shared.protocol import CHUNK_DONE, dumps
 from shared.settings import Settings
@@ -273,10 +274,11 @@ def _warm_on_start(**_: object) -> None:
     from workers import context
 
     if CHAT_QUEUE in context._queues:
-        runner.submit(_warm())
+        runner.submit(warm()).add_done_callback(lambda _: freeze_startup_objects())
 
 
-async def _warm() -> None:
+async def warm() -> None:
+    """Load the embedding model and rebuild the index now (a worker's start-up)."""
     try:
         stage = await get_stage(await get_context())
         if stage is not None and stage.embedder is not None:

@@ -29,11 +29,12 @@ from shared.errors import Cancelled, DeadlineExceeded, FirstTokenError, error_fr
 from shared.keys import CHAT_TASK
 from shared.protocol import CHUNK_DONE, CHUNK_ERROR, dumps
 from shared.settings import get_settings
-from shared.tasks import ChatJob
+from shared.tasks import ChatJob, TaskCall
 from workers import cache_stage, retrieve
 from workers.app import app
 from workers.cache_stage import CacheStage, Lookup
 from workers.context import WorkerContext, get_context
+from workers.db import database
 from workers.generate import Generation, job_generation
 from workers.publish import JobPublisher
 from workers.record import Outcome, record
@@ -59,6 +60,32 @@ def chat(job: dict[str, Any]) -> None:
         _slots.release()
         raise
     future.add_done_callback(lambda _: _slots.release() if _slots is not None else None)
+
+
+async def chat_call(call: TaskCall) -> None:
+    """The same task for the asyncio pool (workers/consumer.py), already on the loop."""
+    await run_chat(ChatJob.model_validate(call.kwargs["job"]))
+
+
+HANDLERS = {CHAT_TASK: chat_call}
+
+
+async def warm_chat_worker() -> None:
+    """What a Celery chat worker does on `worker_ready`: tokenizers, embedding model, index."""
+    from shared.models import model_table
+
+    settings = get_settings()
+    models = model_table(settings)
+    retrieve.warm_up(settings, models)
+    ctx = await get_context()
+    for spec in models:  # engine clients (and the SDK's imports) now, not on a first chat
+        ctx.engine_for(spec)
+    try:
+        async with asyncio.timeout(5):
+            await database.warm()
+    except Exception as exc:  # noqa: BLE001 - chats work without the database; it may be down
+        log.warning("database not reachable at start-up (%s); chats go on without it", exc)
+    await cache_stage.warm()
 
 
 async def run_chat(job: ChatJob) -> None:

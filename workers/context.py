@@ -18,10 +18,11 @@ import redis.asyncio as aioredis
 
 from shared.engines.base import Engine
 from shared.engines.factory import make_model_engine
-from shared.keys import Keys
+from shared.keys import BULK_QUEUE, Keys
 from shared.models import ModelSpec, ModelTable, model_table
 from shared.settings import Settings, get_settings
 from workers.publish import SEND_LUA
+from workers.record import UsageBatcher
 from workers.sender import ChunkSender
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ class WorkerContext:
     name: str
     # Every job's chunks, pipelined on one connection (workers/sender.py); started by start().
     sender: ChunkSender
+    # Usage rows of chats ending close together, one bulk task per batch (workers/record.py).
+    usage: UsageBatcher
     _engines: dict[tuple[str, str], Engine] = field(default_factory=dict)
     running: dict[str, Cancellable] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -118,6 +121,7 @@ class WorkerContext:
         for engine in self._engines.values():
             with contextlib.suppress(Exception):
                 await engine.aclose()
+        await self.usage.close()
         await self.sender.close()
         await self.redis.aclose()
 
@@ -144,20 +148,28 @@ async def get_context() -> WorkerContext:
     async with _lock:
         if _context is None:
             settings = get_settings()
+            keys = Keys(settings.redis_prefix)
+            # Blocking pool: a burst waits for a connection instead of failing.
+            redis = aioredis.Redis(
+                connection_pool=aioredis.BlockingConnectionPool.from_url(
+                    settings.redis_url,
+                    decode_responses=True,
+                    max_connections=256,
+                    timeout=5,
+                )
+            )
             ctx = WorkerContext(
                 settings=settings,
-                keys=Keys(settings.redis_prefix),
-                # Blocking pool: a burst waits for a connection instead of failing.
-                redis=aioredis.Redis(
-                    connection_pool=aioredis.BlockingConnectionPool.from_url(
-                        settings.redis_url,
-                        decode_responses=True,
-                        max_connections=256,
-                        timeout=5,
-                    )
-                ),
+                keys=keys,
+                redis=redis,
                 name=_name,
                 sender=ChunkSender(settings.redis_url, SEND_LUA),
+                usage=UsageBatcher(
+                    redis,
+                    keys.queue_list(BULK_QUEUE),
+                    _name,
+                    settings.usage_batch_ms / 1000.0,
+                ),
             )
             await ctx.start(_queues)
             _context = ctx

@@ -1,4 +1,5 @@
-"""Durable writes on the `bulk` queue: usage rows and (when `store_text`) the turn's messages.
+"""Durable writes on the `bulk` queue: usage rows (one per task, or a chat worker's batch of
+them, see workers/record.py) and (when `store_text`) the turn's messages.
 
 Each task validates its JSON payload into the shared model and runs an idempotent write
 (keyed on request_id) on the process loop. While the database is unavailable the task is
@@ -16,8 +17,8 @@ from celery import Task
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.db.errors import DatabaseUnavailable, is_retryable
-from shared.db.writes import insert_messages, insert_usage
-from shared.keys import PERSIST_MESSAGES_TASK, PERSIST_USAGE_TASK
+from shared.db.writes import insert_messages, insert_usage, insert_usage_rows
+from shared.keys import PERSIST_MESSAGES_TASK, PERSIST_USAGE_BATCH_TASK, PERSIST_USAGE_TASK
 from shared.settings import get_settings
 from shared.tasks import MessagesRecord, UsageRecord
 from workers.app import app
@@ -45,7 +46,7 @@ DURABLE_TASK_OPTIONS: dict[str, Any] = {
 }
 
 
-async def _write(write: Callable[[AsyncSession, R], Awaitable[T]], record: R, request_id: str) -> T:
+async def _write(write: Callable[[AsyncSession, R], Awaitable[T]], record: R, what: str) -> T:
     try:
         async with database.sessionmaker().begin() as session:
             return await write(session, record)
@@ -54,13 +55,13 @@ async def _write(write: Callable[[AsyncSession, R], Awaitable[T]], record: R, re
             raise
         # The pool's connections died with the server; keep none of them for the next try.
         await database.reset_pool()
-        raise DatabaseUnavailable(f"database unavailable for {request_id}: {exc!r}") from exc
+        raise DatabaseUnavailable(f"database unavailable for {what}: {exc!r}") from exc
 
 
-def _note_retry(task: Task, request_id: str) -> None:
+def _note_retry(task: Task, what: str) -> None:
     # First failure only: a long outage would otherwise log every retry of every task.
     if task.request.retries == 0:
-        log.warning("database unavailable; %s for %s will be retried", task.name, request_id)
+        log.warning("database unavailable; %s for %s will be retried", task.name, what)
 
 
 @app.task(name=PERSIST_USAGE_TASK, **DURABLE_TASK_OPTIONS)
@@ -71,6 +72,22 @@ def persist_usage(self: Task, usage: dict[str, Any]) -> bool:
         return runner.run(_write(insert_usage, record, record.request_id))
     except DatabaseUnavailable:
         _note_retry(self, record.request_id)
+        raise
+
+
+@app.task(name=PERSIST_USAGE_BATCH_TASK, **DURABLE_TASK_OPTIONS)
+def persist_usage_batch(self: Task, usage: list[dict[str, Any]]) -> int:
+    """Write a chat worker's batch of usage rows in one transaction; returns how many were new.
+
+    All or nothing: a retry after an outage rewrites the whole batch, and rows that did land
+    before (a commit whose reply was lost) are skipped by their request_id.
+    """
+    records = [UsageRecord.model_validate(row) for row in usage]
+    label = f"{len(records)} usage rows ({records[0].request_id}, ...)" if records else "0 rows"
+    try:
+        return runner.run(_write(insert_usage_rows, records, label))
+    except DatabaseUnavailable:
+        _note_retry(self, label)
         raise
 
 

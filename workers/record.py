@@ -1,15 +1,22 @@
-"""The end of every chat: its usage row (and text, where stored) handed to the bulk queue."""
+"""The end of every chat: its usage row (batched, see UsageBatcher) and its text (where stored)
+handed to the bulk queue."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from shared.keys import BULK_QUEUE, PERSIST_MESSAGES_TASK, PERSIST_USAGE_TASK
+from shared.keys import BULK_QUEUE, PERSIST_MESSAGES_TASK, PERSIST_USAGE_BATCH_TASK
 from shared.tasks import ChatJob, MessagesRecord, UsageRecord, task_message
-from workers.context import WorkerContext
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+    from workers.context import WorkerContext
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +45,8 @@ def _ms(end: float | None, start: float | None) -> float | None:
 async def record(
     ctx: WorkerContext, job: ChatJob, points: dict[str, float], outcome: Outcome
 ) -> None:
-    """Enqueue the usage row (and the turn's text) on `bulk`; never fails the chat.
+    """Hand the usage row to the batcher and enqueue the turn's text on `bulk`; never fails
+    the chat.
 
     A turn of a verified conversation is always stored: the client asked the server to keep
     its history (issue 5); other chats' text only with `store_text`.
@@ -60,11 +68,8 @@ async def record(
         status=outcome.status,
         created_at=now,
     )
-    messages = [
-        task_message(
-            PERSIST_USAGE_TASK, {"usage": usage.model_dump()}, queue=BULK_QUEUE, origin=ctx.name
-        )
-    ]
+    ctx.usage.add(usage)
+    messages = []
     keep_text = ctx.settings.store_text or outcome.conversation_id is not None
     if keep_text and outcome.status == "ok":
         turn = MessagesRecord(
@@ -84,7 +89,67 @@ async def record(
                 origin=ctx.name,
             )
         )
+    if not messages:
+        return
     try:
         await ctx.redis.lpush(ctx.keys.queue_list(BULK_QUEUE), *messages)
-    except Exception:  # noqa: BLE001 - the chat is answered; say what was lost, without text
-        log.error("could not enqueue usage for %s: %s", job.job_id, json.dumps(usage.model_dump()))
+    except Exception:  # noqa: BLE001 - the chat is answered; say what was lost (never the text)
+        log.error("could not enqueue the messages of %s", job.job_id)
+
+
+class UsageBatcher:
+    """The usage rows of chats that end within `window_s` of each other, as one bulk task.
+
+    One Celery message and one transaction per batch instead of per chat: at 50 streams of
+    short answers the bulk worker spent ~4 ms of CPU per row, most of it per message. The
+    window opens with the first row and is flushed when it closes, at `max_rows`, and on
+    `close()` (a stopping worker); a window of 0 sends each row at once.
+    """
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        queue_key: str,
+        origin: str,
+        window_s: float,
+        max_rows: int = 200,
+    ) -> None:
+        self._redis, self._queue_key, self._origin = redis, queue_key, origin
+        self._window_s, self._max_rows = window_s, max_rows
+        self._rows: list[dict[str, Any]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def add(self, usage: UsageRecord) -> None:
+        self._rows.append(usage.model_dump())
+        if self._window_s <= 0 or len(self._rows) >= self._max_rows:
+            self.flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._window_s, self.flush)
+
+    def flush(self) -> None:
+        """Enqueue the rows held now (in the background; see `close`)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        rows, self._rows = self._rows, []
+        if not rows:
+            return
+        message = task_message(
+            PERSIST_USAGE_BATCH_TASK, {"usage": rows}, queue=BULK_QUEUE, origin=self._origin
+        )
+        task = asyncio.create_task(self._send(message, rows))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, message: str, rows: list[dict[str, Any]]) -> None:
+        try:
+            await self._redis.lpush(self._queue_key, message)
+        except Exception:  # noqa: BLE001 - the chats are answered; say what was lost (no text)
+            log.error("could not enqueue %d usage rows: %s", len(rows), json.dumps(rows))
+
+    async def close(self) -> None:
+        """Send what is held and wait until every batch is enqueued."""
+        self.flush()
+        if self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)

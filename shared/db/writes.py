@@ -52,10 +52,17 @@ async def insert_ignore(
 
 async def insert_usage(session: AsyncSession, usage: UsageRecord) -> bool:
     """Insert one usage row; False when a row for its request_id already exists."""
-    row = usage.model_dump()
-    row["created_at"] = from_unix(usage.created_at)
-    inserted = await insert_ignore(session, _USAGE, [row], ["request_id"])
-    return inserted == 1
+    return await insert_usage_rows(session, [usage]) == 1
+
+
+async def insert_usage_rows(session: AsyncSession, usage: Sequence[UsageRecord]) -> int:
+    """Insert usage rows in one statement; returns how many were new (see insert_ignore)."""
+    rows = []
+    for record in usage:
+        row = record.model_dump()
+        row["created_at"] = from_unix(record.created_at)
+        rows.append(row)
+    return await insert_ignore(session, _USAGE, rows, ["request_id"])
 
 
 async def insert_messages(session: AsyncSession, record: MessagesRecord) -> int:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 
+import pytest
 from kombu.transport.virtual.base import Channel
 
 from shared.keys import Keys
-from shared.tasks import task_message
+from shared.tasks import parse_task_message, task_message
 from shared.timing import stage_timings
 
 
@@ -47,3 +50,50 @@ def test_stage_timings_skip_unknown_points_and_never_go_negative() -> None:
     """Durations are in ms; a stage with a missing point is left out."""
     t = stage_timings({"received": 1.0, "enqueued": 1.001, "worker_start": 1.0005})
     assert t == {"accept_ms": 1.0, "queue_ms": 0.0}
+
+
+def test_parse_reads_back_what_task_message_wrote() -> None:
+    raw = task_message("firsttoken.chat", {"job": {"a": 1}}, queue="chat", task_id="abc")
+    call = parse_task_message(raw.encode())
+    assert (call.name, call.task_id, call.args, call.kwargs) == (
+        "firsttoken.chat",
+        "abc",
+        [],
+        {"job": {"a": 1}},
+    )
+
+
+def test_parse_reads_a_base64_body_as_celerys_producer_writes_it() -> None:
+    env = json.loads(task_message("t", {"x": [1, "ü"]}, queue="chat", task_id="i"))
+    env["body"] = base64.b64encode(env["body"].encode()).decode()
+    env["properties"]["body_encoding"] = "base64"
+    assert parse_task_message(json.dumps(env)).kwargs == {"x": [1, "ü"]}
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b"not json", "not a Celery protocol-2 JSON task message"),
+        (b'{"body": "[[], {}, {}]"}', "missing 'headers'"),
+        (b'{"headers": {"task": "t", "id": "i"}, "body": "[1]"}', "not a Celery"),
+        (
+            b'{"headers": {"task": "t", "id": "i"}, "body": "x", '
+            b'"content-type": "application/x-python-serialize"}',
+            "only JSON",
+        ),
+    ],
+)
+def test_parse_says_what_is_wrong(raw: bytes, says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        parse_task_message(raw)
+
+
+def test_priority_lists_follow_kombus_order() -> None:
+    from workers.consumer import priority_lists
+
+    assert priority_lists("ft:celery:chat") == [
+        "ft:celery:chat",
+        "ft:celery:chat\x06\x163",
+        "ft:celery:chat\x06\x166",
+        "ft:celery:chat\x06\x169",
+    ]

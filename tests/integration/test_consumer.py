@@ -1,0 +1,154 @@
+"""The asyncio pool's queue consumer (workers/consumer.py) on the machine's Redis: it reads what
+Celery's own producer writes, holds to its concurrency, and loses nothing when it stops."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+from celery import Celery
+
+from shared.keys import Keys
+from shared.tasks import TaskCall, task_message
+from tests.integration.conftest import Services
+from workers.consumer import QueueConsumer, priority_lists
+
+
+@pytest.fixture
+async def prefixed(services: Services) -> AsyncIterator[tuple[aioredis.Redis, Keys]]:
+    keys = Keys(f"ftcons{uuid.uuid4().hex[:8]}")
+    r = aioredis.Redis.from_url(services.redis_url)
+    try:
+        yield r, keys
+    finally:
+        found = [k async for k in r.scan_iter(match=f"{keys.prefix}*")]
+        if found:
+            await r.delete(*found)
+        await r.aclose()
+
+
+class Recorder:
+    def __init__(self, hold: asyncio.Event | None = None) -> None:
+        self.calls: list[TaskCall] = []
+        self.hold = hold
+        self.started = asyncio.Queue[str]()
+
+    async def __call__(self, call: TaskCall) -> None:
+        self.calls.append(call)
+        self.started.put_nowait(call.task_id)
+        if self.hold is not None:
+            await self.hold.wait()
+
+
+async def _start(consumer: QueueConsumer) -> asyncio.Task[None]:
+    return asyncio.create_task(consumer.run())
+
+
+async def test_runs_messages_from_celerys_own_producer_at_every_priority(
+    services: Services, prefixed: tuple[aioredis.Redis, Keys]
+) -> None:
+    r, keys = prefixed
+    producer = Celery("producer", broker=services.redis_url)
+    producer.conf.broker_transport_options = {"global_keyprefix": keys.celery_keyprefix}
+    recorder = Recorder()
+    consumer = QueueConsumer(
+        r, priority_lists(keys.queue_list("chat")), {"t.chat": recorder}, 4, poll_s=0.2
+    )
+    reader = await _start(consumer)
+    try:
+        for priority in (None, 3, 9):
+            await asyncio.to_thread(
+                producer.send_task,
+                "t.chat",
+                kwargs={"job": {"p": priority}},
+                queue="chat",
+                priority=priority,
+            )
+            task_id = await asyncio.wait_for(recorder.started.get(), 10)
+            assert recorder.calls[-1].task_id == task_id
+            assert recorder.calls[-1].kwargs == {"job": {"p": priority}}
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(reader, 5)
+        producer.close()
+
+
+async def test_takes_no_more_than_its_slots_and_stops_without_losing_a_message(
+    prefixed: tuple[aioredis.Redis, Keys],
+) -> None:
+    r, keys = prefixed
+    queue = keys.queue_list("chat")
+    hold = asyncio.Event()
+    recorder = Recorder(hold)
+    consumer = QueueConsumer(r, priority_lists(queue), {"t.chat": recorder}, 2, poll_s=0.2)
+    for i in range(5):
+        await r.lpush(queue, task_message("t.chat", {"i": i}, queue="chat", task_id=f"m{i}"))
+    reader = await _start(consumer)
+    try:
+        for _ in range(2):
+            await asyncio.wait_for(recorder.started.get(), 10)
+        await asyncio.sleep(0.5)  # a third BRPOP would have happened by now
+        assert [c.task_id for c in recorder.calls] == ["m0", "m1"]
+        assert await r.llen(queue) == 3
+        consumer.stop()  # waiting for a slot: stops at once
+        await asyncio.wait_for(reader, 5)
+        assert await r.llen(queue) == 3  # nothing popped after stop
+        hold.set()
+        assert await consumer.drain(5) == 0
+        assert not consumer.running
+    finally:
+        hold.set()
+        consumer.stop()
+
+
+async def test_a_message_it_cannot_run_is_dropped_with_a_log_and_the_next_one_runs(
+    prefixed: tuple[aioredis.Redis, Keys], caplog: pytest.LogCaptureFixture
+) -> None:
+    r, keys = prefixed
+    queue = keys.queue_list("chat")
+    recorder = Recorder()
+    consumer = QueueConsumer(r, priority_lists(queue), {"t.chat": recorder}, 4, poll_s=0.2)
+    await r.lpush(queue, b"{broken")
+    await r.lpush(queue, task_message("t.other", {}, queue="chat", task_id="other"))
+    await r.lpush(queue, task_message("t.chat", {}, queue="chat", task_id="good"))
+    with caplog.at_level(logging.ERROR, logger="workers.consumer"):
+        reader = await _start(consumer)
+        try:
+            assert await asyncio.wait_for(recorder.started.get(), 10) == "good"
+            await asyncio.sleep(0.3)
+        finally:
+            consumer.stop()
+            await asyncio.wait_for(reader, 5)
+    assert [c.task_id for c in recorder.calls] == ["good"]
+    dropped = [rec.getMessage() for rec in caplog.records]
+    assert any("not a Celery protocol-2 JSON task message" in m for m in dropped)
+    assert any("'t.other'" in m for m in dropped)
+    assert await r.llen(queue) == 0
+
+
+async def test_a_failing_task_frees_its_slot(prefixed: tuple[aioredis.Redis, Keys]) -> None:
+    r, keys = prefixed
+    queue = keys.queue_list("chat")
+    ran: list[str] = []
+
+    async def failing(call: TaskCall) -> None:
+        ran.append(call.task_id)
+        raise RuntimeError("boom")
+
+    consumer = QueueConsumer(r, priority_lists(queue), {"t.chat": failing}, 1, poll_s=0.2)
+    for i in range(3):
+        await r.lpush(queue, task_message("t.chat", {}, queue="chat", task_id=f"f{i}"))
+    reader = await _start(consumer)
+    try:
+        for _ in range(100):
+            if len(ran) == 3:
+                break
+            await asyncio.sleep(0.05)
+        assert ran == ["f0", "f1", "f2"]
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(reader, 5)

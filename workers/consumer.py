@@ -1,0 +1,216 @@
+"""The chat queue read straight into the worker's asyncio loop: the `asyncio` pool.
+
+Under a Celery worker every chat crosses two threads before it reaches the process loop:
+kombu's consumer thread (BRPOP, decode, a Request, the pool) and then
+`run_coroutine_threadsafe`, each hop waiting for the GIL and a core that the streaming chats
+are also using. This consumer reads the same kombu Redis lists (the same messages the gateway
+and Celery's own producer write, base64 body or not) with one BRPOP connection on the loop and
+starts each chat as a task on it. The semantics are the Celery chat task's: a message is
+removed from the queue on receipt (chat tasks are never redelivered: a late answer is a wrong
+answer), at most `concurrency` chats run at once (no BRPOP while every slot is taken, so the
+other workers get the work), and a warm shutdown stops reading, then lets running chats finish.
+
+`firsttoken worker --queues chat --pool celery` runs the Celery worker instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from shared.heap import freeze_first_use_objects, freeze_startup_objects
+from shared.tasks import TaskCall, parse_task_message
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[TaskCall], Awaitable[None]]
+
+# kombu's Redis transport: a message of priority p > 0 lives in the list QUEUE + SEP + p, and
+# BRPOP is given the lists in this order (0 is the highest priority).
+KOMBU_PRIORITY_SEP = "\x06\x16"
+KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
+
+
+def priority_lists(list_key: str) -> list[str]:
+    """Every Redis list kombu may hold a queue's messages in, in the order it reads them."""
+    return [
+        list_key if p == 0 else f"{list_key}{KOMBU_PRIORITY_SEP}{p}" for p in KOMBU_PRIORITY_STEPS
+    ]
+
+
+def node_name(name: str) -> str:
+    """Expand Celery's `%h` (the host name) in a worker node name."""
+    return name.replace("%h", socket.gethostname())
+
+
+# After this many tasks, what they created on first use is frozen too (shared/heap.py).
+FIRST_USE_TASKS = 64
+
+
+async def _freeze_after(consumer: QueueConsumer, tasks: int) -> None:
+    while consumer.started < tasks:  # noqa: ASYNC110 - a once-a-second check is all it needs
+        await asyncio.sleep(1.0)
+    freeze_first_use_objects()
+
+
+class QueueConsumer:
+    """Pops task messages off kombu lists and runs each as a task on the running loop."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        lists: Sequence[str],
+        handlers: Mapping[str, Handler],
+        concurrency: int,
+        poll_s: float = 1.0,
+    ) -> None:
+        self._redis = redis
+        self._lists = list(lists)
+        self._handlers = dict(handlers)
+        self._slots = asyncio.Semaphore(concurrency)
+        self._poll_s = poll_s
+        self._stopping = False
+        self._waiting_for_slot = False
+        self._reader: asyncio.Task[None] | None = None
+        self.running: set[asyncio.Task[None]] = set()
+        self.started = 0  # tasks started so far
+
+    async def run(self) -> None:
+        """Read until `stop()`. A message already popped is always started, never dropped."""
+        self._reader = asyncio.current_task()
+        backoff = 0.1
+        try:
+            while not self._stopping:
+                self._waiting_for_slot = True
+                try:
+                    await self._slots.acquire()
+                finally:
+                    self._waiting_for_slot = False
+                try:
+                    # The BRPOP is never cancelled (stop() waits for it, at most poll_s): a
+                    # reply cancelled on the wire would be a message lost.
+                    popped = await self._redis.brpop(self._lists, timeout=self._poll_s)
+                except (RedisError, OSError) as exc:
+                    self._slots.release()
+                    log.warning("chat queue read failed (%s); retrying in %.1f s", exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                except BaseException:
+                    self._slots.release()
+                    raise
+                backoff = 0.1
+                if popped is None:
+                    self._slots.release()
+                    continue
+                self._start(popped[1])
+        except asyncio.CancelledError:
+            if not self._stopping:
+                raise
+        finally:
+            self._reader = None
+
+    def _start(self, raw: bytes | str) -> None:
+        try:
+            call = parse_task_message(raw)
+        except ValueError as exc:
+            self._slots.release()
+            log.error("dropped a message this worker cannot read: %s", exc)
+            return
+        handler = self._handlers.get(call.name)
+        if handler is None:
+            self._slots.release()
+            log.error(
+                "dropped task %s[%s]: no such task on this worker", repr(call.name), call.task_id
+            )
+            return
+        task = asyncio.create_task(self._run_one(handler, call), name=f"{call.name}:{call.task_id}")
+        self.running.add(task)
+        self.started += 1
+        task.add_done_callback(self._finished)
+
+    @staticmethod
+    async def _run_one(handler: Handler, call: TaskCall) -> None:
+        try:
+            await handler(call)
+        except Exception:
+            log.exception("task %s[%s] failed", call.name, call.task_id)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.running.discard(task)
+        self._slots.release()
+
+    def stop(self) -> None:
+        """Stop reading (after the BRPOP in progress, if any); running tasks go on."""
+        self._stopping = True
+        if self._waiting_for_slot and self._reader is not None:
+            self._reader.cancel()
+
+    async def drain(self, grace_s: float) -> int:
+        """Wait up to `grace_s` for running tasks; cancel and return how many were left."""
+        if not self.running:
+            return 0
+        _, pending = await asyncio.wait(set(self.running), timeout=grace_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
+        return len(pending)
+
+
+async def serve(
+    *,
+    name: str,
+    queue: str,
+    handlers: Mapping[str, Handler],
+    concurrency: int,
+    shutdown_grace_s: float,
+    warm: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Run one worker process on `queue` until SIGTERM or SIGINT (a second one: cold stop)."""
+    from shared.settings import get_settings
+    from workers import context
+
+    context.configure(name, (queue,))
+    ctx = await context.get_context()
+    settings = get_settings()
+    if warm is not None:
+        await warm()
+    freeze_startup_objects()
+    reader = aioredis.Redis.from_url(settings.redis_url, socket_timeout=None, client_name=name)
+    consumer = QueueConsumer(
+        reader, priority_lists(ctx.keys.queue_list(queue)), handlers, concurrency
+    )
+    loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            log.warning("warm shutdown: no new chats; waiting up to %.0f s", shutdown_grace_s)
+            consumer.stop()
+        else:
+            log.warning("cold shutdown: cancelling %d running chats", len(consumer.running))
+            for task in list(consumer.running):
+                task.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    log.info("%s ready: %s with %d slots", name, queue, concurrency)
+    refreeze = asyncio.create_task(_freeze_after(consumer, FIRST_USE_TASKS))
+    try:
+        await consumer.run()
+        left = await consumer.drain(shutdown_grace_s)
+        if left:
+            log.warning("%d chats were still running at the end of the grace period", left)
+    finally:
+        refreeze.cancel()
+        await reader.aclose()
+        await context.close_context()
