@@ -15,7 +15,7 @@ from shared.db.models import UsageEvent
 from shared.db.session import make_engine, make_sessionmaker
 from shared.keys import CHAT_QUEUE, CHAT_TASK, Keys
 from shared.tasks import ChatJob, new_id, task_message
-from tests.integration.conftest import Stack
+from tests.integration.conftest import Client, Stack, make_stack
 
 pytestmark = pytest.mark.integration
 
@@ -282,3 +282,25 @@ def test_a_job_past_its_queue_deadline_is_dropped_not_run(stack: Stack) -> None:
     assert message is not None and message.startswith("E\n")
     assert json.loads(message.split("\n", 1)[1])["code"] == "timeout"
     assert stack.sim_metric("firsttoken_sim_requests_started_total") == started
+
+
+async def test_the_celery_pool_runs_the_same_chats(
+    services: Any, migrated: str, tmp_path: Any
+) -> None:
+    """`--pool celery` (a Celery worker's solo pool) answers from the same queue and messages:
+    tokens in order, `done`, and the usage row (sent as a batch) lands."""
+    with make_stack(services, migrated, tmp_path, pool="celery") as s:
+        s.wait_ready()
+        async with websockets.connect(
+            s.ws_url, additional_headers={"Authorization": f"Bearer {s.api_key}"}
+        ) as ws:
+            client = Client(ws)
+            for chat_id in ("p1", "p2"):
+                await client.chat(chat_id, f"which pool answers {chat_id}?")
+            for chat_id in ("p1", "p2"):
+                job_id = (await client.next_for(chat_id))["job_id"]
+                tokens, done = await client.until_end(chat_id)
+                assert done["type"] == "done", done
+                assert [t["seq"] for t in tokens] == list(range(len(tokens))) and tokens
+                rows = await _usage(services.database_url, job_id)
+                assert len(rows) == 1 and rows[0].status == "ok"
