@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _slots: threading.BoundedSemaphore | None = None
+# The `started` chunk's reply (with the queued-cancel flag) normally arrives in a round trip;
+# this long without it, Redis is gone and the chat ends with an error instead of waiting.
+QUEUED_CANCEL_WAIT_S = 5.0
 
 
 @app.task(name=CHAT_TASK, ignore_result=True, acks_late=False)
@@ -104,7 +107,6 @@ class ChatRun:
             "worker_start": time.time(),
         }
         self.publisher = JobPublisher(
-            ctx.redis,
             ctx.sender,
             ctx.keys,
             job.job_id,
@@ -123,7 +125,8 @@ class ChatRun:
         self.lookup = Lookup(tier="off")
         self._helpers: list[asyncio.Future[Any]] = []
         self._task: asyncio.Task[Any] | None = None
-        self._queued_cancel: asyncio.Task[bool] | None = None
+        # Whether the client cancelled while the job was queued: read with the `started` chunk.
+        self._queued_cancel: asyncio.Future[object] | None = None
         # Set by cancel(). Task cancellation alone is not enough: a CancelledError raised
         # inside a Redis client call can come out as a timeout error, or be absorbed by an
         # awaited helper task, and the chat would then run on. The flag is checked at every
@@ -171,20 +174,21 @@ class ChatRun:
                 )
             )
             return False
-        self.publisher.start(now)
+        self._queued_cancel = self.publisher.start(now, self.ctx.keys.cancel_flag(job.job_id))
         return True
 
-    def _read_queued_cancel(self) -> None:
-        """Start reading the flag of a chat cancelled while it was queued. That is rare: the
-        read runs alongside the engine's first token and is checked before any is sent."""
-        if self._queued_cancel is None:
-            flag = self.ctx.keys.cancel_flag(self.job.job_id)
-            self._queued_cancel = self._spawn(self.publisher.cancelled_while_queued(flag))
-
     async def _check_queued_cancel(self) -> None:
-        self._read_queued_cancel()
+        """Before anything is sent: stop a chat the client cancelled while it was queued (rare;
+        the answer came with the `started` chunk, long before the first token)."""
         assert self._queued_cancel is not None
-        if await self._queued_cancel:
+        try:
+            async with asyncio.timeout(QUEUED_CANCEL_WAIT_S):
+                cancelled = await asyncio.shield(self._queued_cancel)
+        except TimeoutError:
+            raise ConnectionError(
+                f"Redis did not answer the job's start within {QUEUED_CANCEL_WAIT_S:.0f}s"
+            ) from None
+        if cancelled:
             self.cancel_requested = True
             raise asyncio.CancelledError
 
@@ -192,8 +196,6 @@ class ChatRun:
         lookup = self._spawn(self._lookup()) if self._cacheable() else None
         if lookup is None:
             self.points["cache_decided"] = self.points["worker_start"]
-        else:
-            self._read_queued_cancel()  # a hit is sent as soon as it is found
         prepare = self._spawn(retrieve.prepare(self.ctx, self.job))
         if lookup is not None:
             await asyncio.wait({lookup, prepare}, return_when=asyncio.FIRST_COMPLETED)
@@ -208,8 +210,7 @@ class ChatRun:
         # token waits at `go` until the lookup has missed (or lost the race).
         first_ready, go = asyncio.Event(), asyncio.Event()
         generate = self._spawn(self._generate(first_ready, go))
-        # Off the first token's path: these run while the engine works on it.
-        self._read_queued_cancel()
+        # Off the first token's path: this runs while the engine works on it.
         retrieve.start_background(prepared)
         if lookup is not None and not lookup.done():
             engine_first = self._spawn(first_ready.wait())

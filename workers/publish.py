@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
+import asyncio
 
 from shared.keys import Keys
 from shared.protocol import CHUNK_STARTED, CHUNK_TOKEN, dumps, encode_chunk, encode_token
@@ -10,11 +10,13 @@ from workers.sender import ChunkSender
 
 # PUBLISH + XADD (+ EXPIRE the first time) as one script: one command and one reply per chunk,
 # sent pipelined on the process's one chunk connection (workers/sender.py).
-# KEYS: channel, replay stream.  ARGV: message, maxlen, ttl seconds (0: leave the expiry).
+# KEYS: channel, replay stream[, the job's cancel flag].  ARGV: message, maxlen, ttl seconds
+# (0: leave the expiry). Given the cancel flag (the `started` chunk), returns whether it is set.
 SEND_LUA = """
 redis.call('PUBLISH', KEYS[1], ARGV[1])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'm', ARGV[1])
 if ARGV[3] ~= '0' then redis.call('EXPIRE', KEYS[2], ARGV[3]) end
+if KEYS[3] then return redis.call('EXISTS', KEYS[3]) end
 return 1
 """
 
@@ -29,7 +31,6 @@ class JobPublisher:
 
     def __init__(
         self,
-        redis: aioredis.Redis,
         sender: ChunkSender,
         keys: Keys,
         job_id: str,
@@ -38,7 +39,6 @@ class JobPublisher:
         replay_maxlen: int,
         replay_ttl_s: int,
     ) -> None:
-        self._redis = redis
         self._sender = sender
         self._maxlen = str(replay_maxlen)
         self._ttl = str(replay_ttl_s)
@@ -54,13 +54,20 @@ class JobPublisher:
         self._expiry_set = True
         self._sender.send((self._channel, self._stream), (message, self._maxlen, ttl))
 
-    def start(self, started_at: float) -> None:
-        """Announce that the job started (first on the chunk connection, so before its tokens)."""
-        self.send(encode_chunk(CHUNK_STARTED, dumps({"t": started_at})))
+    def start(self, started_at: float, cancel_flag: str) -> asyncio.Future[object]:
+        """Announce that the job started (first on the chunk connection, so before its tokens).
 
-    async def cancelled_while_queued(self, cancel_flag: str) -> bool:
-        """True when the client cancelled the job while it waited in the queue."""
-        return bool(await self._redis.exists(cancel_flag))
+        The same script call reads the job's cancel flag: the returned future says (1 or 0)
+        whether the client cancelled while the job waited in the queue. A cancel after this
+        read reaches the worker as a message (the job is registered as running by then)."""
+        cancelled: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._expiry_set = True
+        self._sender.send(
+            (self._channel, self._stream, cancel_flag),
+            (encode_chunk(CHUNK_STARTED, dumps({"t": started_at})), self._maxlen, self._ttl),
+            cancelled,
+        )
+        return cancelled
 
     def token(self, text: str) -> None:
         seq = self.next_seq

@@ -52,6 +52,7 @@ from shared.prompt import (
     parse_templates,
 )
 from shared.protocol import AUTO_MODEL
+from shared.refreshing import RefreshingCache
 from shared.retrieval import (
     Query,
     Source,
@@ -73,22 +74,15 @@ log = logging.getLogger(__name__)
 
 # Tenant-level rows (prompt overrides, the knowledge base's version) change rarely but would
 # cost a database round trip on every chat: each worker process trusts them this long, so an
-# edit (`firsttoken kb add`, a tenant prompt) reaches chats within this many seconds.
+# edit (`firsttoken kb add`, a tenant prompt) reaches chats within about this many seconds
+# (the first chat after it still gets the old value while one query fetches the new one).
 TENANT_CACHE_S = 5.0
-_tenant_cache: dict[tuple[str, str], tuple[float, Any]] = {}
+_tenant_cache: RefreshingCache[tuple[str, str], Any] = RefreshingCache(TENANT_CACHE_S)
 
 
 async def _per_tenant(kind: str, tenant_id: str, load: Any) -> Any:
-    """`await load()`, remembered per (kind, tenant) for TENANT_CACHE_S."""
-    now = time.monotonic()
-    hit = _tenant_cache.get((kind, tenant_id))
-    if hit is not None and hit[0] > now:
-        return hit[1]
-    value = await load()
-    if len(_tenant_cache) > 50_000:
-        _tenant_cache.clear()
-    _tenant_cache[(kind, tenant_id)] = (now + TENANT_CACHE_S, value)
-    return value
+    """`await load()`, remembered per (kind, tenant); see shared/refreshing.py."""
+    return await _tenant_cache.get((kind, tenant_id), load)
 
 
 @dataclass(frozen=True, slots=True)

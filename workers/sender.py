@@ -27,13 +27,20 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 log = logging.getLogger(__name__)
 
-Call = tuple[bytes, ...]  # the script's keys and arguments, encoded
+Reply = asyncio.Future[object]
+
+
+@dataclass(slots=True)
+class _Call:
+    command: bytes  # the packed EVALSHA, sent again as is after a reconnect
+    reply: Reply | None  # set to the script's answer, for the few calls that want it
 
 
 def bulk(arg: bytes) -> bytes:
@@ -47,7 +54,7 @@ def pack(args: Sequence[bytes]) -> bytes:
 
 
 class ChunkSender:
-    """Runs one Lua script with 2 keys per call, pipelined; see the module docstring."""
+    """Runs one Lua script per call, pipelined; see the module docstring."""
 
     def __init__(
         self,
@@ -70,7 +77,7 @@ class ChunkSender:
         self._down_fail_s = down_fail_s
         self._conn: AbstractConnection | None = None
         self._buffer: list[bytes] = []
-        self._in_flight: deque[Call] = deque()  # written (or about to be), not yet answered
+        self._in_flight: deque[_Call] = deque()  # written (or about to be), not yet answered
         self._wake = asyncio.Event()
         self._up = asyncio.Event()
         self._drained = asyncio.Event()  # set whenever nothing waits for a reply
@@ -82,8 +89,12 @@ class ChunkSender:
         await self._connect()
         self._task = asyncio.create_task(self._run(), name="chunk-sender")
 
-    def send(self, keys: tuple[str, str], args: tuple[str, ...]) -> None:
-        """Queue one script call; returns at once (unless Redis is gone: then it raises)."""
+    def send(
+        self, keys: tuple[str, ...], args: tuple[str, ...], reply: Reply | None = None
+    ) -> None:
+        """Queue one script call; returns at once (unless Redis is gone: then it raises).
+
+        `reply`, when given, gets the script's answer (or its error) once it arrives."""
         if not self._up.is_set():
             down = time.monotonic() - (self._down_since or time.monotonic())
             if down > self._down_fail_s:
@@ -92,10 +103,10 @@ class ChunkSender:
             raise ConnectionError(
                 f"{len(self._in_flight)} chunks wait for Redis; it is too slow or unreachable"
             )
-        call = tuple(s.encode() for s in (*keys, *args))
+        call = _Call(self._evalsha(keys, args), reply)
         self._in_flight.append(call)
         if self._up.is_set():
-            self._buffer.append(self._evalsha(call))
+            self._buffer.append(call.command)
             self._wake.set()
 
     async def flush(self) -> None:
@@ -118,8 +129,9 @@ class ChunkSender:
                 await self._conn.disconnect()
 
     # --- internals ------------------------------------------------------------------------
-    def _evalsha(self, call: Call) -> bytes:
-        return pack((b"EVALSHA", self._sha, b"2", *call))
+    def _evalsha(self, keys: tuple[str, ...], args: tuple[str, ...]) -> bytes:
+        encoded = [s.encode() for s in (*keys, *args)]
+        return pack((b"EVALSHA", self._sha, str(len(keys)).encode(), *encoded))
 
     async def _connect(self) -> None:
         conn = self._pool.make_connection()
@@ -128,7 +140,7 @@ class ChunkSender:
         await conn.read_response()
         self._conn = conn
         # Everything not answered on the old connection goes again, in order.
-        self._buffer = [self._evalsha(call) for call in self._in_flight]
+        self._buffer = [call.command for call in self._in_flight]
         self._down_since = None
         self._up.set()
         if self._buffer:
@@ -178,7 +190,7 @@ class ChunkSender:
         in_flight = self._in_flight
         while True:
             try:
-                await conn.read_response()
+                answer = await conn.read_response()
             except NoScriptError as exc:
                 # The script cache was flushed under us: reconnect, load it again and send
                 # every call not yet answered, in order.
@@ -186,6 +198,12 @@ class ChunkSender:
             except ResponseError as exc:
                 self.errors += 1
                 log.error("publishing a chunk failed: %s", exc)
-            in_flight.popleft()
+                answer = exc
+            call = in_flight.popleft()
+            if call.reply is not None and not call.reply.done():
+                if isinstance(answer, ResponseError):
+                    call.reply.set_exception(answer)
+                else:
+                    call.reply.set_result(answer)
             if not in_flight:
                 self._drained.set()

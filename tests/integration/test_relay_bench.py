@@ -76,7 +76,6 @@ def test_producer_chunks_match_the_worker_publisher() -> None:
             sender = ChunkSender(REDIS_URL, SEND_LUA)
             await sender.start()
             publisher = JobPublisher(
-                client,
                 sender,
                 keys,
                 worker_job["job_id"],
@@ -86,7 +85,7 @@ def test_producer_chunks_match_the_worker_publisher() -> None:
             )
 
             async def worker_sends() -> None:
-                publisher.start(time.time())
+                publisher.start(time.time(), keys.cancel_flag(worker_job["job_id"]))
                 for _ in range(TOKENS):
                     publisher.token(TOKEN_TEXT)
                 publisher.control(CHUNK_DONE, json.dumps({"type": "done"}))

@@ -128,3 +128,33 @@ async def test_flushed_script_cache_is_reloaded(
     finally:
         await admin.aclose()
         await sender.close()
+
+
+async def test_a_call_that_asks_gets_the_scripts_answer_even_across_a_reconnect(
+    services: Services, channel: tuple[str, str, aioredis.client.PubSub]
+) -> None:
+    """The `started` chunk's call reads the job's cancel flag; its reply future resolves to the
+    flag, in order with the chunks around it, and after a killed connection too."""
+    ch, stream, pubsub = channel
+    name = f"ftsender-{uuid.uuid4().hex[:8]}"
+    flag = f"{stream}:cancel"
+    sender = await _sender(services, name)
+    admin = aioredis.Redis.from_url(services.redis_url, decode_responses=True)
+    loop = asyncio.get_running_loop()
+    try:
+        unset: asyncio.Future[object] = loop.create_future()
+        sender.send((ch, stream, flag), ("start", "100", "60"), unset)
+        _send(sender, ch, stream, ["t0"])
+        assert await asyncio.wait_for(unset, 5) == 0
+        await admin.set(flag, "1", ex=60)
+        ids = [c["id"] for c in await admin.client_list() if c.get("name") == name]
+        assert await admin.client_kill_filter(_id=ids[0]) == 1
+        is_set: asyncio.Future[object] = loop.create_future()
+        sender.send((ch, stream, flag), ("again", "100", "0"), is_set)
+        assert await asyncio.wait_for(is_set, 10) == 1
+        got = await _received(pubsub, 3, timeout=10.0)
+        assert list(dict.fromkeys(got)) == ["start", "t0", "again"]
+    finally:
+        await admin.delete(flag)
+        await admin.aclose()
+        await sender.close()
