@@ -74,6 +74,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200, help="hits timed per tier per run")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--stages", action="store_true", help="print the median of each timing")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a stack setting, e.g. --set embed_threads=1 (FIRSTTOKEN_EMBED_THREADS)",
+    )
     args = ap.parse_args()
     profile = next(iter(PROFILES.values()))
     stack = BenchStack(profile, workers=1, worker_concurrency=64)
@@ -81,6 +88,7 @@ def main() -> None:
     stack.settings.update(
         key_rpm_default="0", tenant_rpm_default="0", key_tpm_default="0", tenant_tpm_default="0"
     )
+    stack.settings.update(dict(item.split("=", 1) for item in args.set))
     try:
         stack.start_sim()
         stack.start_stack()

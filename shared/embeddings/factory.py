@@ -18,4 +18,6 @@ def make_embedder(settings: Settings) -> Embedder:
         )
     from shared.embeddings.onnx_minilm import OnnxMiniLM
 
-    return OnnxMiniLM(settings.embed_model_path, settings.embed_tokenizer_path)
+    return OnnxMiniLM(
+        settings.embed_model_path, settings.embed_tokenizer_path, threads=settings.embed_threads
+    )
