@@ -80,10 +80,11 @@ class CacheStage:
         rows = await loop.run_in_executor(self._pool, self.embedder.embed, texts)
         return list(rows)
 
-    async def lookup(self, job: ChatJob, model: str) -> Lookup:
+    def query(self, job: ChatJob, model: str) -> Query | None:
+        """The request as the cache sees it; None when this chat is not served from cache."""
         if not job.cache or not servable(self.policy, job.temperature):
-            return Lookup(tier="off")
-        query = Query(
+            return None
+        return Query(
             self.policy,
             tenant=job.tenant_id,
             model=model,
@@ -92,6 +93,16 @@ class CacheStage:
             max_tokens=job.max_tokens,
             temperature=job.temperature,
         )
+
+    def knows_exact(self, query: Query) -> bool:
+        """Whether this process's index holds the exact request (no I/O): its answer is then
+        one Redis read away."""
+        return self.store.index.exact(query.tenant, query.exact, time.time()) is not None
+
+    async def lookup(self, job: ChatJob, model: str, query: Query | None = None) -> Lookup:
+        query = query or self.query(job, model)
+        if query is None:
+            return Lookup(tier="off")
         result = Lookup(query=query)
         hit = await self.store.get_exact(job.tenant_id, query.exact)
         if hit is not None:
@@ -255,13 +266,20 @@ async def get_stage(ctx: WorkerContext) -> CacheStage | None:
     return _stage
 
 
-async def lookup(ctx: WorkerContext, job: ChatJob, model: str) -> tuple[CacheStage | None, Lookup]:
+def current_stage() -> CacheStage | None:
+    """The process's cache stage if it is built already (never waits for it)."""
+    return _stage
+
+
+async def lookup(
+    ctx: WorkerContext, job: ChatJob, model: str, query: Query | None = None
+) -> tuple[CacheStage | None, Lookup]:
     """Never raises: a cache failure is a miss."""
     try:
         stage = await get_stage(ctx)
         if stage is None:
             return None, Lookup(tier="off")
-        return stage, await stage.lookup(job, model)
+        return stage, await stage.lookup(job, model, query)
     except Exception:
         log.warning("cache lookup failed; answering uncached", exc_info=True)
         return None, Lookup(tier="off")

@@ -23,6 +23,7 @@ import time
 from collections.abc import AsyncGenerator, Coroutine
 from typing import Any, TypeVar
 
+from shared.cache.policy import Query
 from shared.coalesce import Coalescer
 from shared.engines.base import Delta
 from shared.errors import Cancelled, DeadlineExceeded, FirstTokenError, error_frame
@@ -193,8 +194,17 @@ class ChatRun:
             raise asyncio.CancelledError
 
     async def _answer(self) -> None:
-        lookup = self._spawn(self._lookup()) if self._cacheable() else None
-        if lookup is None:
+        lookup: asyncio.Future[Any] | None = None
+        if self._cacheable():
+            query, known = self._exact_known()
+            lookup = self._spawn(self._lookup(query))
+            if known:
+                # This process's index holds the exact request: its answer is one Redis read
+                # away, and retrieval would only compete with that read for the loop.
+                await asyncio.wait({lookup})
+                if await self._served_from_cache(lookup):
+                    return
+        else:
             self.points["cache_decided"] = self.points["worker_start"]
         prepare = self._spawn(retrieve.prepare(self.ctx, self.job))
         if lookup is not None:
@@ -230,8 +240,15 @@ class ChatRun:
         job = self.job
         return job.cache and not (job.conversation_id and not job.new_conversation)
 
-    async def _lookup(self) -> tuple[CacheStage | None, Lookup]:
-        result = await cache_stage.lookup(self.ctx, self.job, self.model)
+    def _exact_known(self) -> tuple[Query | None, bool]:
+        """The cache's view of this request (when the stage is up) and whether this process
+        already knows an exact hit for it."""
+        stage = cache_stage.current_stage()
+        query = stage.query(self.job, self.model) if stage is not None else None
+        return query, stage is not None and query is not None and stage.knows_exact(query)
+
+    async def _lookup(self, query: Query | None) -> tuple[CacheStage | None, Lookup]:
+        result = await cache_stage.lookup(self.ctx, self.job, self.model, query)
         self.points["cache_decided"] = time.time()
         return result
 

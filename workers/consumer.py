@@ -183,7 +183,10 @@ async def serve(
     if warm is not None:
         await warm()
     freeze_startup_objects()
-    reader = aioredis.Redis.from_url(settings.redis_url, socket_timeout=None, client_name=name)
+    # No read timeout (a BRPOP waits up to poll_s); connecting must fail fast and be retried.
+    reader = aioredis.Redis.from_url(
+        settings.redis_url, socket_timeout=None, socket_connect_timeout=5.0, client_name=name
+    )
     consumer = QueueConsumer(
         reader, priority_lists(ctx.keys.queue_list(queue)), handlers, concurrency
     )

@@ -86,6 +86,20 @@ async def test_repeat_is_replayed_from_cache_with_usage_and_timings(cstack: Stac
     await client.ws.close()
 
 
+async def test_an_exact_repeat_known_to_every_worker_is_served_whole(cstack: Stack) -> None:
+    """Once every worker's index holds the exact request (synced within 1 s), a repeat takes
+    the path that answers before retrieval starts (workers/chat.py `_exact_known`): the same
+    answer, whole and in order, on whichever worker gets it, with no retrieval stage."""
+    client = await _client(cstack)
+    question = "How long does shipping to Canada take?"
+    answer = await _stored(client, question, "x", cstack)
+    for i in range(3):  # either worker may take it
+        again, done = await _ask(client, f"x-again-{i}", question)
+        assert done["cached"] is True and again == answer
+        assert "cache_ms" in done["timings"] and "retrieval_ms" not in done["timings"], done
+    await client.ws.close()
+
+
 async def test_paraphrase_is_served_by_either_worker_within_a_second(cstack: Stack) -> None:
     """An entry stored by one worker process is served by both within 1 s."""
     client = await _client(cstack)

@@ -49,3 +49,18 @@ def test_cache_index_isolates_partitions_promotes_and_skips_expired() -> None:
     assert index.search("t1", "p", rows[3], k=1, min_score=0.5, now=10.0)[0][0] == 3
     assert index.search("t1", "p", rows[0], k=1, min_score=0.99, now=10.0) == []
     assert type(index._parts[("t1", "p")].index).__name__ == "AnnIndex"
+
+
+def test_search_breadth_grows_with_the_index_and_can_be_fixed() -> None:
+    from shared.cache.index import EXPANSION_LARGEST, AnnIndex, expansion_for
+
+    assert expansion_for(1) == 64 and expansion_for(199_999) == 64
+    assert expansion_for(200_000) == 128 and expansion_for(1_000_000) == EXPANSION_LARGEST
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((50, 16)).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    ann = AnnIndex(16)
+    ann.add_many(np.arange(1, 51, dtype=np.int64), rows)
+    assert ann.search(rows[3], 1, 0.0)[0][0] == 4 and ann.expansion_search == 64
+    ann.expansion_search = 200
+    assert ann.search(rows[3], 1, 0.0)[0][0] == 4 and ann.expansion_search == 200
