@@ -104,14 +104,22 @@ class CacheStage:
         if query is None:
             return Lookup(tier="off")
         result = Lookup(query=query)
+        texts = [query.embed_question] + ([query.embed_context] if query.embed_context else [])
+        embedding: asyncio.Future[list[Vector]] | None = None
+        if self.embedder is not None and not self.knows_exact(query):
+            # Embedding starts with the exact read, not after it: a semantic hit saves that
+            # round trip. (An exact hit this process did not know of, written by another one
+            # within the last second, wastes the embedding; that is rare.)
+            embedding = asyncio.ensure_future(self.embed(texts))
         hit = await self.store.get_exact(job.tenant_id, query.exact)
         if hit is not None:
+            if embedding is not None:
+                embedding.cancel()
             result.hit, result.tier = hit, "exact"
             return result
         if self.embedder is None:
             return result
-        texts = [query.embed_question] + ([query.embed_context] if query.embed_context else [])
-        vectors = await self.embed(texts)
+        vectors = await (embedding or self.embed(texts))
         result.vector = vectors[0]
         result.context_vector = vectors[1] if len(vectors) > 1 else None
         found = await self.store.candidates(
