@@ -212,6 +212,12 @@ class ChatRun:
             if await self._served_from_cache(lookup):
                 return
         prepared = await prepare
+        if (
+            lookup is not None
+            and not lookup.done()
+            and await self._lookup_within_head_start(lookup)
+        ):
+            return
         self.points["retrieval_done"] = time.time()
         self.model = prepared.model
         self.prompt_tokens = prepared.built.prompt_tokens
@@ -239,6 +245,17 @@ class ChatRun:
         # A turn of a stored conversation depends on history the cache key cannot see.
         job = self.job
         return job.cache and not (job.conversation_id and not job.new_conversation)
+
+    async def _lookup_within_head_start(self, lookup: asyncio.Future[Any]) -> bool:
+        """With FIRSTTOKEN_CACHE_HEAD_START_MS, give the lookup that long (from the chat's start)
+        before the engine request starts; True when it found a hit and the chat was served."""
+        left = self.ctx.settings.cache_head_start_ms / 1000.0 - (
+            time.time() - self.points["worker_start"]
+        )
+        if left <= 0 or lookup.done():
+            return False
+        await asyncio.wait({lookup}, timeout=left)
+        return await self._served_from_cache(lookup)
 
     def _exact_known(self) -> tuple[Query | None, bool]:
         """The cache's view of this request (when the stage is up) and whether this process

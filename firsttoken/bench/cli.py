@@ -217,6 +217,22 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="keep the started processes' logs (the run's work dir, printed at the end)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        type=_setting,
+        metavar="NAME=VALUE",
+        help="a setting of the stack it starts, repeatable: --set cache_head_start_ms=8 is "
+        "FIRSTTOKEN_CACHE_HEAD_START_MS=8 for its gateway and workers",
+    )
+
+
+def _setting(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name.strip().lower(), value
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -286,6 +302,7 @@ class Bench:
         self.stack = BenchStack(
             self.profile, workers=a.workers, worker_concurrency=a.worker_concurrency
         )
+        self.stack.settings.update(dict(a.set))
         exits.callback(self.stack.close)
         if not self.engine_url:
             self.engine_url = self.stack.start_sim()

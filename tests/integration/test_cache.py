@@ -114,6 +114,33 @@ async def test_paraphrase_is_served_by_either_worker_within_a_second(cstack: Sta
     await client.ws.close()
 
 
+async def test_with_a_head_start_a_semantic_hit_never_reaches_the_engine(
+    services: Services, migrated: str, tmp_path: Any
+) -> None:
+    """FIRSTTOKEN_CACHE_HEAD_START_MS: the engine request waits for the lookup (up to the head
+    start), so a semantic hit costs the engine nothing; a miss still goes to it."""
+    with make_stack(
+        services,
+        migrated,
+        tmp_path,
+        workers=1,
+        bulk=False,
+        sim_args=("--ttft-ms", "200", "--itl-ms", "5", "--max-tokens", "32"),
+        cache_head_start_ms="1000",  # far above an embedding, even on a loaded machine
+    ) as s:
+        s.wait_ready()
+        client = await _client(s)
+        answer = await _stored(client, "How do I reset my password?", "h", s)
+        started = s.sim_metric("firsttoken_sim_requests_started_total")
+        again, done = await _ask(client, "h-again", "How can I reset my password?")
+        assert done["cached"] is True and again == answer
+        assert s.sim_metric("firsttoken_sim_requests_started_total") == started
+        _, miss = await _ask(client, "h-miss", "Which colours does the rain jacket come in?")
+        assert miss["cached"] is False
+        assert s.sim_metric("firsttoken_sim_requests_started_total") == started + 1
+        await client.ws.close()
+
+
 @pytest.mark.parametrize(
     ("seed", "trap"),
     [
