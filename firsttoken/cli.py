@@ -98,18 +98,19 @@ def _serve_chat(args: argparse.Namespace, concurrency: int) -> int:
     import logging
 
     import uvloop
+    from celery.utils.nodenames import host_format
 
     from shared.keys import CHAT_QUEUE
     from workers.app import SHUTDOWN_GRACE_S
     from workers.chat import HANDLERS, warm_chat_worker
-    from workers.consumer import node_name, serve
+    from workers.consumer import serve
 
     logging.basicConfig(
         level=args.loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
     )
     uvloop.run(
         serve(
-            name=node_name(args.name or f"{CHAT_QUEUE}@%h"),
+            name=host_format(args.name or f"{CHAT_QUEUE}@%h"),
             queue=CHAT_QUEUE,
             handlers=HANDLERS,
             concurrency=concurrency,

@@ -15,21 +15,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from celery.signals import worker_ready
-
 from shared.cache.index import Vector
 from shared.cache.policy import Policy, Query, judge, servable, storable
 from shared.cache.store import CacheStore, NewEntry, StoredAnswer
 from shared.embeddings.base import Embedder
 from shared.embeddings.factory import make_embedder
-from shared.heap import freeze_startup_objects
-from shared.keys import CHAT_QUEUE
 from shared.protocol import CHUNK_DONE, dumps
 from shared.settings import Settings
 from shared.tasks import ChatJob
 from workers.context import WorkerContext, get_context
 from workers.publish import JobPublisher
-from workers.runtime import runner
 
 log = logging.getLogger(__name__)
 
@@ -291,16 +286,6 @@ async def lookup(
     except Exception:
         log.warning("cache lookup failed; answering uncached", exc_info=True)
         return None, Lookup(tier="off")
-
-
-@worker_ready.connect
-def _warm_on_start(**_: object) -> None:
-    """Load the model and rebuild the index as the worker starts, not on its first chat.
-    (A module-level function: Celery holds signal handlers by weak reference.)"""
-    from workers import context
-
-    if CHAT_QUEUE in context._queues:
-        runner.submit(warm()).add_done_callback(lambda _: freeze_startup_objects())
 
 
 async def warm() -> None:

@@ -23,11 +23,14 @@ import time
 from collections.abc import AsyncGenerator, Coroutine
 from typing import Any, TypeVar
 
+from celery.signals import worker_ready
+
 from shared.cache.policy import Query
 from shared.coalesce import Coalescer
 from shared.engines.base import Delta
 from shared.errors import Cancelled, DeadlineExceeded, FirstTokenError, error_frame
-from shared.keys import CHAT_TASK
+from shared.heap import freeze_startup_objects
+from shared.keys import CHAT_QUEUE, CHAT_TASK
 from shared.protocol import CHUNK_DONE, CHUNK_ERROR, dumps
 from shared.settings import get_settings
 from shared.tasks import ChatJob, TaskCall
@@ -75,7 +78,8 @@ HANDLERS = {CHAT_TASK: chat_call}
 
 
 async def warm_chat_worker() -> None:
-    """What a Celery chat worker does on `worker_ready`: tokenizers, embedding model, index."""
+    """Before the first chat, on either pool: tokenizers, engine clients, the database pool, the
+    embedding model and the cache index."""
     from shared.models import model_table
 
     settings = get_settings()
@@ -90,6 +94,16 @@ async def warm_chat_worker() -> None:
     except Exception as exc:  # noqa: BLE001 - chats work without the database; it may be down
         log.warning("database not reachable at start-up (%s); chats go on without it", exc)
     await cache_stage.warm()
+
+
+# Celery connects signal handlers by weak reference: a module-level function.
+@worker_ready.connect
+def _warm_on_start(**_: object) -> None:
+    """The Celery pool's start-up (the asyncio pool calls warm_chat_worker itself)."""
+    from workers import context
+
+    if CHAT_QUEUE in context._queues:
+        runner.submit(warm_chat_worker()).add_done_callback(lambda _: freeze_startup_objects())
 
 
 async def run_chat(job: ChatJob) -> None:
@@ -212,11 +226,7 @@ class ChatRun:
             if await self._served_from_cache(lookup):
                 return
         prepared = await prepare
-        if (
-            lookup is not None
-            and not lookup.done()
-            and await self._lookup_within_head_start(lookup)
-        ):
+        if lookup is not None and await self._lookup_within_head_start(lookup):
             return
         self.points["retrieval_done"] = time.time()
         self.model = prepared.model

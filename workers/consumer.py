@@ -18,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import redis.asyncio as aioredis
+from kombu.transport.redis import PRIORITY_STEPS, Channel
 from redis.exceptions import RedisError
 
 from shared.heap import freeze_first_use_objects, freeze_startup_objects
@@ -31,22 +31,11 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[TaskCall], Awaitable[None]]
 
-# kombu's Redis transport: a message of priority p > 0 lives in the list QUEUE + SEP + p, and
-# BRPOP is given the lists in this order (0 is the highest priority).
-KOMBU_PRIORITY_SEP = "\x06\x16"
-KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
-
 
 def priority_lists(list_key: str) -> list[str]:
-    """Every Redis list kombu may hold a queue's messages in, in the order it reads them."""
-    return [
-        list_key if p == 0 else f"{list_key}{KOMBU_PRIORITY_SEP}{p}" for p in KOMBU_PRIORITY_STEPS
-    ]
-
-
-def node_name(name: str) -> str:
-    """Expand Celery's `%h` (the host name) in a worker node name."""
-    return name.replace("%h", socket.gethostname())
+    """Every Redis list kombu may hold a queue's messages in, in the order it reads them: a
+    message of priority p > 0 lives in QUEUE + sep + p (0 is the highest priority)."""
+    return [list_key if p == 0 else f"{list_key}{Channel.sep}{p}" for p in PRIORITY_STEPS]
 
 
 # After this many tasks, what they created on first use is frozen too (shared/heap.py).

@@ -69,30 +69,23 @@ async def record(
         created_at=now,
     )
     ctx.usage.add(usage)
-    messages = []
     keep_text = ctx.settings.store_text or outcome.conversation_id is not None
-    if keep_text and outcome.status == "ok":
-        turn = MessagesRecord(
-            request_id=job.job_id,
-            tenant_id=job.tenant_id,
-            conversation_id=outcome.conversation_id,
-            messages=job.messages,
-            answer=outcome.answer,
-            model=outcome.model,
-            created_at=now,
-        )
-        messages.append(
-            task_message(
-                PERSIST_MESSAGES_TASK,
-                {"messages": turn.model_dump()},
-                queue=BULK_QUEUE,
-                origin=ctx.name,
-            )
-        )
-    if not messages:
+    if not keep_text or outcome.status != "ok":
         return
+    turn = MessagesRecord(
+        request_id=job.job_id,
+        tenant_id=job.tenant_id,
+        conversation_id=outcome.conversation_id,
+        messages=job.messages,
+        answer=outcome.answer,
+        model=outcome.model,
+        created_at=now,
+    )
+    message = task_message(
+        PERSIST_MESSAGES_TASK, {"messages": turn.model_dump()}, queue=BULK_QUEUE, origin=ctx.name
+    )
     try:
-        await ctx.redis.lpush(ctx.keys.queue_list(BULK_QUEUE), *messages)
+        await ctx.redis.lpush(ctx.keys.queue_list(BULK_QUEUE), message)
     except Exception:  # noqa: BLE001 - the chat is answered; say what was lost (never the text)
         log.error("could not enqueue the messages of %s", job.job_id)
 

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from celery.signals import worker_ready
 from sqlalchemy import select
 
 from shared.conversation import StoredMessage, Window, WindowRules, select_window
@@ -37,7 +36,7 @@ from shared.embeddings.base import Embedder
 from shared.errors import ConfigError, InvalidRequest
 from shared.kb.index import KbIndexes
 from shared.kb.store import kb_version, load_chunks
-from shared.keys import CHAT_QUEUE, SUMMARIZE_QUEUE, SUMMARIZE_TASK
+from shared.keys import SUMMARIZE_QUEUE, SUMMARIZE_TASK
 from shared.models import ModelTable
 from shared.prompt import (
     Budget,
@@ -313,20 +312,6 @@ def warm_up(settings: Settings, models: ModelTable) -> None:
     cfg = prompt_config(settings)
     for spec in models:
         cfg.counter(spec.name).count("warm up")
-
-
-# Celery connects signal handlers by weak reference: a module-level function.
-@worker_ready.connect
-def _warm_up_chat_worker(sender: Any = None, **_: Any) -> None:
-    from workers.app import app
-
-    queues = app.amqp.queues.consume_from or app.amqp.queues
-    if CHAT_QUEUE in queues:
-        from shared.models import model_table
-        from shared.settings import get_settings
-
-        settings = get_settings()
-        warm_up(settings, model_table(settings))
 
 
 # --- the stage ---------------------------------------------------------------------------------

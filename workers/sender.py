@@ -131,7 +131,7 @@ class ChunkSender:
     # --- internals ------------------------------------------------------------------------
     def _evalsha(self, keys: tuple[str, ...], args: tuple[str, ...]) -> bytes:
         encoded = [s.encode() for s in (*keys, *args)]
-        return pack((b"EVALSHA", self._sha, str(len(keys)).encode(), *encoded))
+        return pack((b"EVALSHA", self._sha, b"%d" % len(keys), *encoded))
 
     async def _connect(self) -> None:
         conn = self._pool.make_connection()
