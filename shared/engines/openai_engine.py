@@ -1,8 +1,17 @@
 """The engine over any OpenAI-compatible server (``vllm serve``, the sim server, others).
 
-One pooled HTTP client per engine, and one engine per process: a chat worker holds many
+One pooled aiohttp session per engine, and one engine per process: a chat worker holds many
 streams at once, and a fresh connection per request would add a TCP handshake to every
 time-to-first-token.
+
+The request is one POST of ``/chat/completions`` with ``stream: true``, sent straight on the
+pool, and the server-sent events are split and parsed here. Sessions 1-3 sent it through
+``openai.AsyncOpenAI`` (with this module's aiohttp transport under it): the SDK's per-request
+pipeline (options model, URL and header merging, httpx's request, auth and cookie layers)
+measured 14-17% of a chat worker's CPU at 50 streams, about 2 ms per chat on the benchmark
+host, all of it in front of the first token, for a request that is a fixed JSON body and two
+headers. vLLM's own serving benchmark talks to its server the same way. The SDK stays the
+reference client of the test suite (``tests/integration/test_sim_server.py``).
 
 Stopping early always closes the HTTP response, which closes its connection (a half-read
 response cannot go back to the pool); vLLM sees the disconnect and aborts the request, so
@@ -11,26 +20,24 @@ task that iterates it, or by ``abort(request_id)`` from any task: that closes th
 under the reader, whose stream then ends with a last ``Delta(finish_reason="abort")``
 (nothing is raised).
 
-Failures are ``EngineError`` with the server's URL and the reason (unreachable, HTTP status
-and message, stream broken off, malformed chunk). Connection errors and HTTP 502/503/504 are
-retried ``FIRSTTOKEN_ENGINE_RETRIES`` times, only before the first token. Deadlines on the
-first token and between tokens are applied around every engine by
+Failures are ``EngineError`` with the server's URL and the reason (unreachable, timed out,
+HTTP status and the server's message, stream broken off, malformed chunk). Connection errors
+and HTTP 502/503/504 are retried ``FIRSTTOKEN_ENGINE_RETRIES`` times, only before the first
+token. Deadlines on the first token and between tokens are applied around every engine by
 ``shared.engines.deadlines``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-import httpx
-import openai
-from openai import AsyncOpenAI
+import aiohttp
 
-from shared.engines.aiohttp_transport import AiohttpTransport
 from shared.engines.base import Delta, EngineRequest, EngineStats
 from shared.errors import ConfigError, EngineError
 from shared.settings import Settings
@@ -40,13 +47,20 @@ from shared.settings import Settings
 RETRY_BACKOFF_S = 0.05
 # Statuses that mean "this server cannot take it right now", not "this request is wrong".
 RETRYABLE_STATUS = frozenset({502, 503, 504})
-
 # Far above any one worker's concurrency: the pool must never be what queues a request.
 MAX_CONNECTIONS = 1000
+KEEPALIVE_S = 15.0
+# An error body is read this far for its message.
+ERROR_BODY_BYTES = 64 * 1024
+
+
+class EngineUnavailable(EngineError):
+    """The request never reached a model (refused, dropped before an answer, HTTP 502/503/504):
+    worth another try before the first token."""
 
 
 class OpenAIEngine:
-    """The Engine protocol over ``openai.AsyncOpenAI``; counters in ``stats``."""
+    """The Engine protocol over an OpenAI-compatible HTTP API; counters in ``stats``."""
 
     name = "openai"
 
@@ -61,26 +75,37 @@ class OpenAIEngine:
         self.url = url
         self.retries = settings.engine_retries
         self.stats = EngineStats()
+        self._chat_url = url.rstrip("/") + "/chat/completions"
+        self._headers = {
+            "Authorization": f"Bearer {api_key or settings.engine_api_key}",
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+            "User-Agent": "firsttoken",
+        }
         # No read timeout: a long answer may stream for minutes; the generation stage's
         # first-token and idle deadlines (shared/engines/deadlines.py) decide when silence is
         # too long. Connecting must fail fast, though.
-        self._http = httpx.AsyncClient(
-            transport=AiohttpTransport(max_connections=MAX_CONNECTIONS),
-            timeout=httpx.Timeout(None, connect=settings.engine_connect_timeout_s),
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=settings.engine_connect_timeout_s
         )
-        # Retries are this class's own (below), so the SDK's are off: the SDK would also
-        # retry after tokens had been yielded, and with its own long backoff.
-        self._client = AsyncOpenAI(
-            base_url=url,
-            api_key=api_key or settings.engine_api_key,
-            max_retries=0,
-            # openai>=3 speaks httpx2 natively but still accepts an httpx client; httpx is
-            # what this project depends on, and works with every openai version we allow.
-            http_client=self._http,  # type: ignore[arg-type]
-        )
-        self._streams: dict[str, httpx.Response] = {}  # request id -> its streaming response
+        self._session: aiohttp.ClientSession | None = None
+        self._streams: dict[str, aiohttp.ClientResponse] = {}  # request id -> its response
         self._active: set[str] = set()
         self._aborted: set[str] = set()
+
+    def _pool(self) -> aiohttp.ClientSession:
+        """The pooled session, made on first use on the running loop."""
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_S
+                ),
+                timeout=self._timeout,
+                auto_decompress=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                skip_auto_headers=("Accept-Encoding",),
+            )
+        return self._session
 
     async def stream(
         self, request: EngineRequest, *, request_id: str
@@ -107,8 +132,8 @@ class OpenAIEngine:
                                 finished = True
                             yield delta
                     return
-                except EngineError as exc:
-                    if yielded or attempt == self.retries or not _retryable(exc.__cause__):
+                except EngineUnavailable:
+                    if yielded or attempt == self.retries:
                         raise
                     self.stats.extra["retries"] = self.stats.extra.get("retries", 0) + 1
                     await asyncio.sleep(RETRY_BACKOFF_S * (attempt + 1))
@@ -123,26 +148,7 @@ class OpenAIEngine:
     async def _attempt(
         self, request: EngineRequest, request_id: str
     ) -> AsyncGenerator[Delta, None]:
-        body: dict[str, Any] = {
-            "model": request.model,
-            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
-            "max_tokens": request.max_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        if request.temperature is not None:  # unset, the server applies the model's default
-            body["temperature"] = request.temperature
-        # The SDK sends the request (auth, headers, an APIStatusError for an HTTP error) and
-        # hands back the raw response; the stream's lines are parsed here. Going through
-        # `chat.completions.create` measured ~9% of a chat worker's CPU in its parameter
-        # transform alone, and building the SDK's pydantic chunk object per token ~28%, for
-        # a plain dict and three fields read.
-        try:
-            response = await self._client.post(
-                "/chat/completions", cast_to=httpx.Response, body=body, stream=True
-            )
-        except openai.APIError as exc:
-            raise self._wrap(exc) from exc
+        response = await self._send(request)
         self._streams[request_id] = response
         self.stats.running += 1
         try:
@@ -152,16 +158,48 @@ class OpenAIEngine:
         finally:
             self.stats.running -= 1
             del self._streams[request_id]
-            # Closing a half-read response drops its connection: the server's disconnect.
-            await response.aclose()
+            if response.content.at_eof():
+                response.release()
+            else:
+                # Half-read: drop the connection, which is how the server learns we left.
+                response.close()
+
+    async def _send(self, request: EngineRequest) -> aiohttp.ClientResponse:
+        """POST the request; the open response once the server has answered 200."""
+        body: dict[str, Any] = {
+            "model": request.model,
+            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+            "max_tokens": request.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.temperature is not None:  # unset, the server applies the model's default
+            body["temperature"] = request.temperature
+        try:
+            response = await self._pool().post(
+                self._chat_url, data=json.dumps(body).encode(), headers=self._headers
+            )
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+            # Refused or unresolvable, or a pooled connection the server had closed.
+            raise EngineUnavailable(f"engine at {self.url} unreachable: {exc!r}") from exc
+        except TimeoutError as exc:  # aiohttp's connect deadline
+            raise EngineError(f"engine at {self.url} timed out connecting: {exc!r}") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise EngineUnavailable(f"engine at {self.url} unreachable: {exc!r}") from exc
+        if response.status != 200:
+            async with response:
+                detail = await _error_detail(response)
+            error = EngineUnavailable if response.status in RETRYABLE_STATUS else EngineError
+            raise error(f"engine at {self.url} returned HTTP {response.status}: {detail}")
+        return response
 
     async def _deltas(
-        self, response: httpx.Response, request_id: str
+        self, response: aiohttp.ClientResponse, request_id: str
     ) -> AsyncGenerator[Delta, None]:
         finish_reason: str | None = None
         prompt_tokens = completion_tokens = None
         try:
-            async for data in sse_data(response.aiter_bytes()):
+            async for data in sse_data(response.content.iter_any()):
                 if data == b"[DONE]":
                     break
                 chunk = json.loads(data)
@@ -185,12 +223,10 @@ class OpenAIEngine:
             if request_id in self._aborted:
                 yield Delta(finish_reason="abort")
                 return
-            if isinstance(exc, openai.APIStatusError):
-                raise self._wrap(exc) from exc
-            if isinstance(exc, openai.APIError | httpx.HTTPError):
+            if isinstance(exc, aiohttp.ClientError | OSError | TimeoutError):
                 # Once streaming, a connection error means the server went away mid-answer.
                 raise EngineError(
-                    f"engine at {self.url} broke off the stream: {_cause(exc)}"
+                    f"engine at {self.url} broke off the stream: {exc!r}"
                 ) from exc
             if isinstance(exc, ValueError | TypeError | AttributeError | KeyError):
                 raise EngineError(f"engine at {self.url} sent a malformed chunk: {exc}") from exc
@@ -215,32 +251,25 @@ class OpenAIEngine:
         self._aborted.add(request_id)
         response = self._streams.get(request_id)
         if response is not None:
-            await response.aclose()
+            response.close()
 
     async def aclose(self) -> None:
         for request_id in list(self._active):
             await self.abort(request_id)
-        await self._client.close()
-        await self._http.aclose()
-
-    def _wrap(self, exc: Exception) -> EngineError:
-        if isinstance(exc, openai.APITimeoutError | httpx.TimeoutException):
-            return EngineError(f"engine at {self.url} timed out: {_cause(exc)}")
-        if isinstance(exc, openai.APIConnectionError | httpx.TransportError):
-            return EngineError(f"engine at {self.url} unreachable: {_cause(exc)}")
-        if isinstance(exc, openai.APIStatusError):
-            return EngineError(
-                f"engine at {self.url} returned HTTP {exc.status_code}: {_detail(exc)}"
-            )
-        return EngineError(f"engine at {self.url} failed: {exc}")
+        if self._session is not None:
+            with contextlib.suppress(Exception):
+                await self._session.close()
+            # aiohttp closes its sockets on the next loop turn.
+            await asyncio.sleep(0)
 
 
 async def sse_data(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
     """The `data:` payloads of a server-sent event stream, from its raw bytes.
 
-    Lines are split here rather than by httpx's `aiter_lines` (three more generator layers
-    and a text decode per network read, on every token of every stream). An event with
-    several `data:` lines is not joined: OpenAI-compatible servers send one line per chunk.
+    Lines are split here, on the network reads as they come, rather than by a line reader
+    (more generator layers and a text decode per read, on every token of every stream). An
+    event with several `data:` lines is not joined: OpenAI-compatible servers send one line
+    per chunk.
     """
     pending = b""
     async for chunk in chunks:
@@ -255,24 +284,24 @@ async def sse_data(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
         yield pending[5:].strip()
 
 
-def _retryable(exc: BaseException | None) -> bool:
-    """Errors worth one more try before the first token: the request never reached a model."""
-    if isinstance(exc, openai.APIStatusError):
-        return exc.status_code in RETRYABLE_STATUS
-    # A timeout is not retried: the first-token deadline has (nearly) been spent on it.
-    if isinstance(exc, openai.APITimeoutError | httpx.TimeoutException):
-        return False
-    return isinstance(exc, openai.APIConnectionError | httpx.TransportError)
-
-
-def _detail(exc: openai.APIStatusError) -> str:
-    body = exc.body
-    if isinstance(body, dict) and isinstance(body.get("message"), str):
-        return str(body["message"])
-    return exc.message
-
-
-def _cause(exc: Exception) -> str:
-    # openai's connection errors say only "Connection error."; the httpx cause says why.
-    cause = exc.__cause__
-    return f"{exc} ({cause!r})" if cause is not None else str(exc)
+async def _error_detail(response: aiohttp.ClientResponse) -> str:
+    """The server's own message from an error response: OpenAI's and vLLM's
+    ``{"error": {"message": ...}}``, older vLLM's ``{"message": ...}``, else the text."""
+    try:
+        raw = await response.content.read(ERROR_BODY_BYTES)
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        return f"(no body: {exc!r})"
+    text = raw.decode("utf-8", "replace").strip()
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text[:500] or response.reason or "(empty body)"
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+        if isinstance(error, str):
+            return error
+        if isinstance(body.get("message"), str):
+            return str(body["message"])
+    return text[:500]
