@@ -225,9 +225,7 @@ class OpenAIEngine:
                 return
             if isinstance(exc, aiohttp.ClientError | OSError | TimeoutError):
                 # Once streaming, a connection error means the server went away mid-answer.
-                raise EngineError(
-                    f"engine at {self.url} broke off the stream: {exc!r}"
-                ) from exc
+                raise EngineError(f"engine at {self.url} broke off the stream: {exc!r}") from exc
             if isinstance(exc, ValueError | TypeError | AttributeError | KeyError):
                 raise EngineError(f"engine at {self.url} sent a malformed chunk: {exc}") from exc
             raise
