@@ -297,7 +297,7 @@ async def _error_detail(response: aiohttp.ClientResponse) -> str:
     if isinstance(body, dict):
         error = body.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"]
+            return str(error["message"])
         if isinstance(error, str):
             return error
         if isinstance(body.get("message"), str):
