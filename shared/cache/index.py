@@ -106,6 +106,10 @@ class AnnIndex:
     """usearch HNSW over inner product of unit vectors, int8 rows."""
 
     def __init__(self, dim: int, *, dtype: str = "i8", connectivity: int = 16) -> None:
+        # onnxruntime (the embedder) must be loaded before usearch: imported after it, in
+        # the same process, onnxruntime 1.32 crashes on load (SIGSEGV, with usearch 2.26 /
+        # numkong 7.8). A worker usually loads its embedder first; this makes it always so.
+        import onnxruntime  # noqa: F401
         from usearch.index import Index
 
         self.dim = dim

@@ -16,8 +16,19 @@ def make_embedder(settings: Settings) -> Embedder:
         return OpenAIEmbedder(
             settings.embed_url, settings.embed_model, api_key=settings.embed_api_key
         )
-    from shared.embeddings.onnx_minilm import OnnxMiniLM
+    from pathlib import Path
 
+    from shared.embeddings.onnx_minilm import OnnxMiniLM
+    from shared.embeddings.quantize import default_cache_dir
+
+    cache_dir = None
+    if settings.embed_quantize == "int8":
+        cache_dir = (
+            Path(settings.embed_cache_dir) if settings.embed_cache_dir else default_cache_dir()
+        )
     return OnnxMiniLM(
-        settings.embed_model_path, settings.embed_tokenizer_path, threads=settings.embed_threads
+        settings.embed_model_path,
+        settings.embed_tokenizer_path,
+        threads=settings.embed_threads,
+        int8_cache_dir=cache_dir,
     )

