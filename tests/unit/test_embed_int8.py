@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -95,3 +96,20 @@ def test_embedder_loads_after_an_ann_index() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "(1, 384)" in done.stdout
+
+
+def test_cache_prepare_builds_the_model_into_the_configured_dir(tmp_path: Path) -> None:
+    """`firsttoken cache prepare` builds the int8 model where FIRSTTOKEN_EMBED_CACHE_DIR says
+    and prints its path."""
+    env = {**os.environ, "FIRSTTOKEN_EMBED_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "firsttoken", "cache", "prepare"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    built = list(tmp_path.glob("*.onnx"))
+    assert len(built) == 1 and str(built[0]) in done.stdout
