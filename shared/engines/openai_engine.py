@@ -152,6 +152,9 @@ class OpenAIEngine:
         self._streams[request_id] = response
         self.stats.running += 1
         try:
+            if request_id in self._aborted:  # aborted while the request was being sent
+                yield Delta(finish_reason="abort")
+                return
             async with aclosing(self._deltas(response, request_id)) as deltas:
                 async for delta in deltas:
                     yield delta

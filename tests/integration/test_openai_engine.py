@@ -108,3 +108,43 @@ async def test_http_error_raises_engine_error(engine: OpenAIEngine) -> None:
         async for _ in engine.stream(bad, request_id="e"):
             pass
     assert "no-such-model" in str(info.value)
+
+
+async def test_abort_while_the_request_is_in_flight_sends_nothing() -> None:
+    """abort() before the server has answered: once the answer's headers come, the stream ends
+    with "abort" and no text, and the connection is closed (the server sees the client go)."""
+    received, answer, closed = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        received.set()
+        await answer.wait()
+        chunk = b'data: {"choices":[{"delta":{"content":"late"},"finish_reason":null}]}\n\n'
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n" + b"%x\r\n%s\r\n" % (len(chunk), chunk)
+        )
+        await writer.drain()
+        await reader.read()  # until the client closes the connection
+        closed.set()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    engine = OpenAIEngine(load_settings(engine="openai", engine_url=f"http://127.0.0.1:{port}/v1"))
+    try:
+        stream = asyncio.create_task(_collect(engine.stream(REQUEST, request_id="f")))
+        await asyncio.wait_for(received.wait(), 5)
+        await engine.abort("f")
+        answer.set()
+        deltas = await asyncio.wait_for(stream, 5)
+        assert deltas == [Delta(finish_reason="abort")]
+        await asyncio.wait_for(closed.wait(), 5)
+        assert engine.stats.aborted == 1 and engine.stats.running == 0
+    finally:
+        await engine.aclose()
+        server.close()
+
+
+async def _collect(deltas: AsyncIterator[Delta]) -> list[Delta]:
+    return [d async for d in deltas]
