@@ -288,10 +288,16 @@ async def sse_data(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
 async def _error_detail(response: aiohttp.ClientResponse) -> str:
     """The server's own message from an error response: OpenAI's and vLLM's
     ``{"error": {"message": ...}}``, older vLLM's ``{"message": ...}``, else the text."""
+    raw = b""
     try:
-        raw = await response.content.read(ERROR_BODY_BYTES)
+        while len(raw) < ERROR_BODY_BYTES:  # read() returns what has arrived, up to n
+            chunk = await response.content.read(ERROR_BODY_BYTES - len(raw))
+            if not chunk:
+                break
+            raw += chunk
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        return f"(no body: {exc!r})"
+        if not raw:
+            return f"(no body: {exc!r})"
     text = raw.decode("utf-8", "replace").strip()
     try:
         body = json.loads(text)
