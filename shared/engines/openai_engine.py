@@ -96,15 +96,7 @@ class OpenAIEngine:
     def _pool(self) -> aiohttp.ClientSession:
         """The pooled session, made on first use on the running loop."""
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_S
-                ),
-                timeout=self._timeout,
-                auto_decompress=False,
-                cookie_jar=aiohttp.DummyCookieJar(),
-                skip_auto_headers=("Accept-Encoding",),
-            )
+            self._session = streaming_session(MAX_CONNECTIONS, self._timeout)
         return self._session
 
     async def stream(
@@ -262,6 +254,18 @@ class OpenAIEngine:
                 await self._session.close()
             # aiohttp closes its sockets on the next loop turn.
             await asyncio.sleep(0)
+
+
+def streaming_session(limit: int, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+    """A pooled aiohttp session for streamed responses (call on the running loop): no body
+    decompression, no cookies, keep-alive connections up to `limit`."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=KEEPALIVE_S),
+        timeout=timeout,
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=("Accept-Encoding",),
+    )
 
 
 async def sse_data(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
