@@ -59,6 +59,9 @@ class Authenticator:
         """Forget a cached lookup (a key was revoked or changed on some gateway's CLI)."""
         self._cache.pop(key_hash, None)
 
+    def invalidate_all(self) -> None:
+        self._cache.clear()
+
     async def authenticate(self, key: str | None) -> Principal:
         if not key:
             raise Unauthorized(

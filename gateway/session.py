@@ -215,7 +215,7 @@ class Session:
         self.jobs[frame.id] = job
         admission = None
         try:
-            await gw.relay.subscribe(job.channel, job.on_message, confirmed=False)
+            gw.relay.subscribe(job.channel, job.on_message)
             enqueued = time.time()
             job.state.enqueued_at = enqueued
             payload = ChatJob(
@@ -260,7 +260,7 @@ class Session:
             job.admission = admission
         except BaseException:
             self.jobs.pop(frame.id, None)
-            await gw.relay.unsubscribe(job.channel)
+            gw.relay.unsubscribe(job.channel)
             if admission is not None:
                 await gw.limiter.settle(admission, 0)
             raise
@@ -293,7 +293,7 @@ class Session:
         job = Job(self, frame.job_id, state, deadline_at=float("inf"))
         self.jobs[frame.id] = job
         gw.jobs[frame.job_id] = job
-        await gw.relay.subscribe(job.channel, job.on_message)
+        await gw.relay.subscribe_confirmed(job.channel, job.on_message)
         self.send(dumps({"type": "accepted", "id": frame.id, "job_id": frame.job_id}))
         await self._repair(job)
 
@@ -308,6 +308,14 @@ class Session:
             if job.admission is not None and step.frames:
                 job.used = _done_usage(step.frames[-1])
             self.gw.spawn(self.stop_job(job, notify_worker=False))
+
+    def repair(self, job: Job) -> None:
+        """Re-read a job's replay stream (after pub/sub reconnected): holds what arrives
+        meanwhile, relays what was missed, drops what was already sent."""
+        if job.state.finished:
+            return
+        job.state.begin_repair()
+        self.gw.spawn(self._repair(job))
 
     async def _repair(self, job: Job) -> None:
         try:
@@ -324,7 +332,7 @@ class Session:
         self.gw.jobs.pop(job.job_id, None)
         job.state.finished = True
         self.last_active = time.monotonic()  # idle time counts from the last chat's end too
-        await self.gw.relay.unsubscribe(job.channel)
+        self.gw.relay.unsubscribe(job.channel)
         if notify_worker:
             await self.gw.cancel_job(job.job_id)
         admission = job.admission

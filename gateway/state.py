@@ -64,7 +64,12 @@ class Gateway:
             idle_timeout_s=settings.idle_timeout_s,
             origins=settings.allowed_origins,
         )
-        self.relay = Relay(self.redis, f"{settings.redis_prefix}:gw:{self.name}")
+        self.relay = Relay(
+            settings.redis_url,
+            f"{settings.redis_prefix}:gw:{self.name}",
+            on_reconnect=self._after_relay_reconnect,
+            client_name=f"firsttoken-relay-{os.getpid()}",
+        )
         self.metrics = GatewayMetrics()
         self.sessions: set[Session] = set()
         self.jobs: dict[str, Job] = {}
@@ -81,7 +86,7 @@ class Gateway:
 
     async def start(self) -> None:
         await self.relay.start()
-        await self.relay.subscribe(self.keys.key_events, self._on_key_event)
+        await self.relay.subscribe_confirmed(self.keys.key_events, self._on_key_event)
         self.limiter.start()
         self.guard.start(lambda: self.sessions)
         self._watchdog = asyncio.create_task(self._watch())
@@ -95,6 +100,13 @@ class Gateway:
             for session in list(self.sessions):
                 if session.principal.key_id == key_id:
                     session.close_with(Unauthorized("this API key has been revoked"), 1008)
+
+    def _after_relay_reconnect(self) -> None:
+        """Recover what was published while pub/sub was down: each job from its replay
+        stream; a key revoked meanwhile by dropping every cached key."""
+        self.auth.invalidate_all()
+        for job in list(self.jobs.values()):
+            job.session.repair(job)
 
     async def close(self) -> None:
         await self.guard.close()

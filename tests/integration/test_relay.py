@@ -1,0 +1,139 @@
+"""The gateway's raw pub/sub connection (gateway/relay.py) on a real Redis: routing by channel,
+unsubscribe, confirmation, and a killed connection that comes back subscribed."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.relay import Relay, RedisAddress, pack
+from tests.integration.conftest import Services
+
+
+@pytest.fixture
+async def admin(services: Services) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(services.redis_url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+async def _until(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def test_pack_is_resp() -> None:
+    assert pack(b"SUBSCRIBE", b"a", b"bc") == b"*3\r\n$9\r\nSUBSCRIBE\r\n$1\r\na\r\n$2\r\nbc\r\n"
+
+
+def test_address_from_urls() -> None:
+    tcp = RedisAddress("redis://user:secret@10.0.0.5:6380/3")
+    assert (tcp.host, tcp.port, tcp.path, tcp.ssl) == ("10.0.0.5", 6380, None, None)
+    assert tcp.handshake("n")[0] == pack(b"AUTH", b"user", b"secret")
+    unix = RedisAddress("unix:///tmp/redis.sock?db=0")
+    assert unix.path == "/tmp/redis.sock"
+    assert unix.handshake("n") == [pack(b"CLIENT", b"SETNAME", b"n")]
+    assert RedisAddress("rediss://h:6390/0").ssl is not None
+
+
+async def test_messages_reach_their_channel_handler_only(
+    services: Services, admin: aioredis.Redis
+) -> None:
+    name = f"ftrelay{uuid.uuid4().hex[:8]}"
+    relay = Relay(services.redis_url, f"{name}:control")
+    await relay.start()
+    got: dict[str, list[str]] = {"a": [], "b": []}
+    try:
+        await relay.subscribe_confirmed(f"{name}:a", got["a"].append)
+        relay.subscribe(f"{name}:b", got["b"].append)
+        await _until(lambda: relay.channels == 3)
+        await admin.publish(f"{name}:b", "warm")  # published after b's SUBSCRIBE was read
+        await _until(lambda: got["b"] == ["warm"])
+        for i in range(20):
+            await admin.publish(f"{name}:a", f"a{i}")
+            await admin.publish(f"{name}:b", "ü" * i)
+        await _until(lambda: len(got["a"]) == 20 and len(got["b"]) == 21)
+        assert got["a"] == [f"a{i}" for i in range(20)]
+        assert got["b"][1:] == ["ü" * i for i in range(20)]
+
+        relay.unsubscribe(f"{name}:a")
+        assert relay.channels == 2
+        for _ in range(100):
+            if (await admin.pubsub_numsub(f"{name}:a"))[0][1] == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert (await admin.pubsub_numsub(f"{name}:a"))[0][1] == 0
+        await admin.publish(f"{name}:a", "late")
+        await admin.publish(f"{name}:b", "last")
+        await _until(lambda: got["b"][-1] == "last")
+        assert got["a"][-1] == "a19"
+    finally:
+        await relay.close()
+
+
+async def test_a_failing_handler_does_not_stop_the_others(
+    services: Services, admin: aioredis.Redis
+) -> None:
+    name = f"ftrelay{uuid.uuid4().hex[:8]}"
+    relay = Relay(services.redis_url, f"{name}:control")
+    await relay.start()
+    got: list[str] = []
+
+    def broken(_message: str) -> None:
+        raise RuntimeError("handler bug")
+
+    try:
+        await relay.subscribe_confirmed(f"{name}:broken", broken)
+        await relay.subscribe_confirmed(f"{name}:ok", got.append)
+        await admin.publish(f"{name}:broken", "x")
+        await admin.publish(f"{name}:ok", "y")
+        await _until(lambda: got == ["y"])
+    finally:
+        await relay.close()
+
+
+async def test_killed_connection_comes_back_subscribed(
+    services: Services, admin: aioredis.Redis
+) -> None:
+    name = f"ftrelay{uuid.uuid4().hex[:8]}"
+    reconnected: list[int] = []
+    relay = Relay(
+        services.redis_url,
+        f"{name}:control",
+        on_reconnect=lambda: reconnected.append(1),
+        client_name=name,
+    )
+    await relay.start()
+    got: list[str] = []
+    try:
+        await relay.subscribe_confirmed(f"{name}:job", got.append)
+        ids = [c["id"] for c in await admin.client_list() if c.get("name") == name]
+        assert len(ids) == 1
+        assert await admin.client_kill_filter(_id=ids[0]) == 1
+        # A channel added while the connection is down is subscribed on reconnect too.
+        await _until(lambda: not relay.connected)
+        relay.subscribe(f"{name}:new", got.append)
+        await _until(lambda: reconnected == [1])
+        await _until(lambda: relay.connected)
+        # Both channels answer again, on the new connection.
+        for _ in range(100):
+            if (await admin.pubsub_numsub(f"{name}:job", f"{name}:new")) == [
+                (f"{name}:job", 1),
+                (f"{name}:new", 1),
+            ]:
+                break
+            await asyncio.sleep(0.02)
+        await admin.publish(f"{name}:job", "after")
+        await admin.publish(f"{name}:new", "new")
+        await _until(lambda: got == ["after", "new"])
+        assert relay.reconnects == 1
+    finally:
+        await relay.close()
+    assert not relay.connected
