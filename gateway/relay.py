@@ -51,7 +51,7 @@ class RedisAddress:
     """Where and how to open a connection, from a redis:// / rediss:// / unix:// URL."""
 
     def __init__(self, url: str) -> None:
-        params: dict[str, Any] = parse_url(url)
+        params: dict[str, Any] = dict(parse_url(url))
         cls = params.get("connection_class")
         self.path: str | None = params.get("path") if cls is UnixDomainSocketConnection else None
         self.host: str = params.get("host", "localhost")
@@ -81,7 +81,7 @@ class RedisAddress:
                 transport, _ = await loop.create_connection(
                     protocol_factory, self.host, self.port, ssl=self.ssl
                 )
-        return transport  # type: ignore[return-value]
+        return transport
 
 
 class _Protocol(asyncio.Protocol):

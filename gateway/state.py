@@ -11,7 +11,6 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-import redis.asyncio as aioredis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.auth import Authenticator
@@ -23,6 +22,7 @@ from shared.db.session import make_engine, make_sessionmaker
 from shared.errors import Unauthorized
 from shared.keys import CHAT_QUEUE, Keys
 from shared.limits import Limits
+from shared.redisclient import redis_client
 from shared.settings import Settings
 
 if TYPE_CHECKING:
@@ -39,11 +39,7 @@ class Gateway:
         self.settings = settings
         self.keys = Keys(settings.redis_prefix)
         self.name = f"gateway@{socket.gethostname()}:{os.getpid()}"
-        self.redis = aioredis.Redis(
-            connection_pool=aioredis.BlockingConnectionPool.from_url(
-                settings.redis_url, decode_responses=True, max_connections=256, timeout=5
-            )
-        )
+        self.redis = redis_client(settings.redis_url)
         self.db: AsyncEngine = make_engine(settings.database_url)
         self.auth = Authenticator(
             self.redis,

@@ -20,6 +20,7 @@ from shared.engines.base import Engine
 from shared.engines.factory import make_model_engine
 from shared.keys import BULK_QUEUE, Keys
 from shared.models import ModelSpec, ModelTable, model_table
+from shared.redisclient import redis_client
 from shared.settings import Settings, get_settings
 from workers.publish import SEND_LUA
 from workers.record import UsageBatcher
@@ -149,15 +150,7 @@ async def get_context() -> WorkerContext:
         if _context is None:
             settings = get_settings()
             keys = Keys(settings.redis_prefix)
-            # Blocking pool: a burst waits for a connection instead of failing.
-            redis = aioredis.Redis(
-                connection_pool=aioredis.BlockingConnectionPool.from_url(
-                    settings.redis_url,
-                    decode_responses=True,
-                    max_connections=256,
-                    timeout=5,
-                )
-            )
+            redis = redis_client(settings.redis_url)
             ctx = WorkerContext(
                 settings=settings,
                 keys=keys,

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.relay import Relay, RedisAddress, pack
+from gateway.relay import RedisAddress, Relay, pack
 from tests.integration.conftest import Services
 
 
