@@ -123,7 +123,8 @@ class QueueConsumer:
             popped = await self._redis.blmpop(
                 self._poll_s, len(self._lists), *self._lists, direction="RIGHT", count=count
             )
-            return [] if popped is None else list(popped[1])
+            # [list name, [message, ...]]
+            return [] if popped is None else list(popped[1])  # type: ignore[arg-type]
         one = await self._redis.brpop(self._lists, timeout=self._poll_s)
         return [] if one is None else [one[1]]
 
