@@ -29,6 +29,8 @@ from typing import Any
 import hiredis
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 
+from shared.resp import pack
+
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str], None]
@@ -37,14 +39,6 @@ CONFIRM_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
 # Channels per SUBSCRIBE when subscribing to everything again after a reconnect.
 RESUBSCRIBE_BATCH = 1000
-
-
-def pack(*args: bytes) -> bytes:
-    """One RESP command (an array of bulk strings)."""
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
-    return b"".join(out)
 
 
 class RedisAddress:
@@ -68,8 +62,8 @@ class RedisAddress:
             if self.username:
                 auth.append(self.username.encode())
             auth.append(self.password.encode())
-            commands.append(pack(*auth))
-        commands.append(pack(b"CLIENT", b"SETNAME", client_name.encode()))
+            commands.append(pack(auth))
+        commands.append(pack((b"CLIENT", b"SETNAME", client_name.encode())))
         return commands
 
     async def open(self, protocol_factory: Callable[[], asyncio.Protocol]) -> asyncio.Transport:
@@ -151,7 +145,7 @@ class Relay:
         name = channel.encode()
         self._handlers[name] = handler
         if self._transport is not None:
-            self._transport.write(pack(b"SUBSCRIBE", name))
+            self._transport.write(pack((b"SUBSCRIBE", name)))
 
     async def subscribe_confirmed(self, channel: str, handler: Handler) -> None:
         """Subscribe and wait until Redis has acknowledged it (at most 5 s)."""
@@ -170,7 +164,7 @@ class Relay:
     def unsubscribe(self, channel: str) -> None:
         name = channel.encode()
         if self._handlers.pop(name, None) is not None and self._transport is not None:
-            self._transport.write(pack(b"UNSUBSCRIBE", name))
+            self._transport.write(pack((b"UNSUBSCRIBE", name)))
 
     # --- connection ---------------------------------------------------------------------
     async def _connect(self) -> None:
@@ -188,7 +182,7 @@ class Relay:
         names = list(names)
         assert self._transport is not None
         for i in range(0, len(names), RESUBSCRIBE_BATCH):
-            self._transport.write(pack(b"SUBSCRIBE", *names[i : i + RESUBSCRIBE_BATCH]))
+            self._transport.write(pack((b"SUBSCRIBE", *names[i : i + RESUBSCRIBE_BATCH])))
 
     def _lost(self, protocol: _Protocol, exc: Exception | None) -> None:
         if protocol is not self._protocol:

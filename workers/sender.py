@@ -26,11 +26,12 @@ import hashlib
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from shared.resp import pack
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +42,6 @@ Reply = asyncio.Future[object]
 class _Call:
     command: bytes  # the packed EVALSHA, sent again as is after a reconnect
     reply: Reply | None  # set to the script's answer, for the few calls that want it
-
-
-def bulk(arg: bytes) -> bytes:
-    """One RESP bulk string."""
-    return b"$%d\r\n%s\r\n" % (len(arg), arg)
-
-
-def pack(args: Sequence[bytes]) -> bytes:
-    """One RESP command (an array of bulk strings)."""
-    return b"*%d\r\n" % len(args) + b"".join(bulk(arg) for arg in args)
 
 
 class ChunkSender:

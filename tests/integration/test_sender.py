@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
+from shared.resp import pack
 from tests.integration.conftest import Services
 from workers.publish import SEND_LUA
-from workers.sender import ChunkSender, pack
+from workers.sender import ChunkSender
 
 
 @pytest.fixture

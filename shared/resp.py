@@ -1,0 +1,16 @@
+"""Redis commands as RESP bytes, for the connections that write them straight to a socket (the
+chat worker's chunk sender, the gateway's pub/sub relay, the relay benchmark's producer)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def bulk(arg: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(arg), arg)
+
+
+def pack(args: Sequence[bytes]) -> bytes:
+    """One RESP command (an array of bulk strings)."""
+    return b"*%d\r\n" % len(args) + b"".join(bulk(arg) for arg in args)
