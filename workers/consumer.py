@@ -111,6 +111,10 @@ class QueueConsumer:
                 self._release(taken - len(messages))
                 for raw in messages:
                     self._start(raw)
+                if messages:
+                    # Let the chats just started take their first steps (up to their engine
+                    # request) before this loop spends time arming the next read.
+                    await asyncio.sleep(0)
         except asyncio.CancelledError:
             if not self._stopping:
                 raise
