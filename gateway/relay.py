@@ -50,7 +50,7 @@ class RedisAddress:
         self.path: str | None = params.get("path") if cls is UnixDomainSocketConnection else None
         self.host: str = params.get("host", "localhost")
         self.port: int = int(params.get("port", 6379))
-        self.ssl = ssl.create_default_context() if cls is SSLConnection else None
+        self.ssl = _tls_context(params) if cls is SSLConnection else None
         self.username: str | None = params.get("username")
         self.password: str | None = params.get("password")
 
@@ -76,6 +76,20 @@ class RedisAddress:
                     protocol_factory, self.host, self.port, ssl=self.ssl
                 )
         return transport
+
+
+def _tls_context(params: dict[str, Any]) -> ssl.SSLContext:
+    """The TLS settings a rediss:// URL may carry (as redis-py reads them)."""
+    context = ssl.create_default_context(cafile=params.get("ssl_ca_certs"))
+    reqs = str(params.get("ssl_cert_reqs", "required")).lower()
+    if reqs in ("none", "optional"):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE if reqs == "none" else ssl.CERT_OPTIONAL
+    elif params.get("ssl_check_hostname") is False:
+        context.check_hostname = False
+    if params.get("ssl_certfile"):
+        context.load_cert_chain(params["ssl_certfile"], params.get("ssl_keyfile"))
+    return context
 
 
 class _Protocol(asyncio.Protocol):

@@ -4,6 +4,7 @@ unsubscribe, confirmation, and a killed connection that comes back subscribed.""
 from __future__ import annotations
 
 import asyncio
+import ssl
 import uuid
 from collections.abc import AsyncIterator
 
@@ -36,7 +37,10 @@ def test_address_from_urls() -> None:
     unix = RedisAddress("unix:///tmp/redis.sock?db=0")
     assert unix.path == "/tmp/redis.sock"
     assert unix.handshake("n") == [pack((b"CLIENT", b"SETNAME", b"n"))]
-    assert RedisAddress("rediss://h:6390/0").ssl is not None
+    tls = RedisAddress("rediss://h:6390/0").ssl
+    assert tls is not None and tls.check_hostname and tls.verify_mode == ssl.CERT_REQUIRED
+    loose = RedisAddress("rediss://h:6390/0?ssl_cert_reqs=none").ssl
+    assert loose is not None and not loose.check_hostname and loose.verify_mode == ssl.CERT_NONE
 
 
 async def test_messages_reach_their_channel_handler_only(
