@@ -96,6 +96,10 @@ class _Protocol(asyncio.Protocol):
     def __init__(self, relay: Relay) -> None:
         self._relay = relay
         self._reader = hiredis.Reader()
+        self._transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
 
     def data_received(self, data: bytes) -> None:
         reader = self._reader
@@ -103,6 +107,8 @@ class _Protocol(asyncio.Protocol):
         dispatch = self._relay._dispatch
         while (reply := reader.gets()) is not False:
             dispatch(reply)
+            if self._transport is not None and self._transport.is_closing():
+                return  # refused: the rest of what arrived is moot
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._relay._lost(self, exc)
@@ -249,5 +255,10 @@ class Relay:
         elif isinstance(reply, hiredis.ReplyError):
             # AUTH refused, or a command Redis would not run: nothing works without it.
             log.error("Redis refused a pub/sub command: %s", reply)
+            refused = ConnectionError(f"Redis refused the pub/sub connection: {reply}")
+            for fut in self._confirm.values():
+                if not fut.done():
+                    fut.set_exception(refused)
+            self._confirm.clear()
             if self._transport is not None:
                 self._transport.close()

@@ -4,15 +4,20 @@ unsubscribe, confirmation, and a killed connection that comes back subscribed.""
 from __future__ import annotations
 
 import asyncio
+import logging
+import shutil
 import ssl
+import subprocess
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
 from gateway.relay import RedisAddress, Relay, pack
 from tests.integration.conftest import Services
+from tests.support import free_port, port_open, wait_until
 
 
 @pytest.fixture
@@ -137,3 +142,54 @@ async def test_killed_connection_comes_back_subscribed(
     finally:
         await relay.close()
     assert not relay.connected
+
+
+@pytest.fixture
+def password_redis(tmp_path: Path) -> Iterator[int]:
+    """A throwaway redis-server that wants a password (skipped where there is no binary)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("no redis-server binary on this machine")
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--requirepass", "s3cret", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: port_open(port), 10, what="redis-server")
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def test_password_is_sent_and_a_wrong_one_is_not_retried_in_a_tight_loop(
+    password_redis: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"redis://:s3cret@127.0.0.1:{password_redis}/0"
+    relay = Relay(url, "ctl")
+    await relay.start()
+    got: list[str] = []
+    admin = aioredis.Redis.from_url(url, decode_responses=True)
+    try:
+        await relay.subscribe_confirmed("job", got.append)
+        await admin.publish("job", "hello")
+        await _until(lambda: got == ["hello"])
+    finally:
+        await relay.close()
+        await admin.aclose()
+
+    wrong = Relay(f"redis://:nope@127.0.0.1:{password_redis}/0", "ctl")
+    with caplog.at_level(logging.WARNING, logger="gateway.relay"):
+        with pytest.raises(ConnectionError, match="WRONGPASS"):
+            await wrong.start()  # at once, saying why
+        await wrong.close()
+        retrying = Relay(f"redis://:nope@127.0.0.1:{password_redis}/0", "ctl")
+        retrying.subscribe("job", got.append)  # what a running gateway does on a reconnect
+        await retrying._connect()
+        await asyncio.sleep(1.5)
+        await retrying.close()
+    refused = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert refused and "WRONGPASS" in refused[0].getMessage()
+    assert len(refused) <= 3  # one attempt a second, not a spin
