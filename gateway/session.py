@@ -265,7 +265,7 @@ class Session:
                 await gw.limiter.settle(admission, 0)
             raise
         gw.jobs[job_id] = job
-        gw.metrics.chats.inc()
+        gw.chat_started()
         accepted = {"type": "accepted", "id": frame.id, "job_id": job_id}
         if conversation_id is not None:
             accepted["conversation_id"] = conversation_id

@@ -20,6 +20,7 @@ from gateway.ratelimit import RateLimiter
 from gateway.relay import Relay
 from shared.db.session import make_engine, make_sessionmaker
 from shared.errors import Unauthorized
+from shared.heap import FIRST_USE_REQUESTS, freeze_first_use_objects
 from shared.keys import CHAT_QUEUE, Keys
 from shared.limits import Limits
 from shared.redisclient import redis_client
@@ -69,10 +70,18 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.sessions: set[Session] = set()
         self.jobs: dict[str, Job] = {}
+        self.chats_started = 0
         self._workers_checked = 0.0
         self._workers_alive = 0
         self._watchdog: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+
+    def chat_started(self) -> None:
+        self.metrics.chats.inc()
+        self.chats_started += 1
+        if self.chats_started == FIRST_USE_REQUESTS:
+            # Sessions, pools and caches made by the first chats live on (shared/heap.py).
+            freeze_first_use_objects()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run a fire-and-forget coroutine, keeping a reference so it is not collected."""

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import gc
 
+# After this many requests (chats in a worker or a gateway), what they created on first use is
+# frozen too.
+FIRST_USE_REQUESTS = 64
+
 
 def freeze_startup_objects() -> None:
     """Call once start-up (imports, pools, warm-up) is done, before serving."""

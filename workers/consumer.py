@@ -28,7 +28,7 @@ import redis.asyncio as aioredis
 from kombu.transport.redis import PRIORITY_STEPS, Channel
 from redis.exceptions import RedisError
 
-from shared.heap import freeze_first_use_objects, freeze_startup_objects
+from shared.heap import FIRST_USE_REQUESTS, freeze_first_use_objects, freeze_startup_objects
 from shared.tasks import TaskCall, parse_task_message
 
 log = logging.getLogger(__name__)
@@ -42,8 +42,6 @@ def priority_lists(list_key: str) -> list[str]:
     return [list_key if p == 0 else f"{list_key}{Channel.sep}{p}" for p in PRIORITY_STEPS]
 
 
-# After this many tasks, what they created on first use is frozen too (shared/heap.py).
-FIRST_USE_TASKS = 64
 # Most messages one read takes: enough to cut a burst's round trips, few enough that the
 # other workers still get their share of it.
 PICKUP_BATCH = 4
@@ -232,7 +230,7 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     log.info("%s ready: %s with %d slots", name, queue, concurrency)
-    refreeze = asyncio.create_task(_freeze_after(consumer, FIRST_USE_TASKS))
+    refreeze = asyncio.create_task(_freeze_after(consumer, FIRST_USE_REQUESTS))
     try:
         await consumer.run()
         left = await consumer.drain(shutdown_grace_s)
