@@ -434,7 +434,9 @@ class Bench:
             server_cpu = {n: (cpu_seconds(p) - cpu0[n]) / outcome.wall_s for n, p in pids.items()}
         finally:
             await client.close()
-        summary = summarize_run(outcome.results, outcome.wall_s)
+        # A closed loop starts every stream at once: that first wave is summarized apart too.
+        first_wave = point.concurrency if point.rate is None else 0
+        summary = summarize_run(outcome.results, outcome.wall_s, first_wave)
         run = {
             "mode": mode,
             "load": point.label,

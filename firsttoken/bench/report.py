@@ -74,11 +74,21 @@ def summary_table(agg: Mapping[str, Any]) -> str:
 def added_table(agg: Mapping[str, Any], baseline: str = "direct") -> str:
     """Time each mode adds to the first token over the baseline (ms; median over repeats,
     (min..max) spread)."""
-    header = ["load", "mode", f"added TTFT p50 vs {baseline}", "added TTFT p99", "added TTFT p90"]
+    header = [
+        "load",
+        "mode",
+        f"added TTFT p50 vs {baseline}",
+        "added TTFT p99",
+        "added TTFT p90",
+        "after the first wave: p50 / p99",
+    ]
     rows = []
     for load, entry in agg.items():
+        steady = entry.get("added_ttft_after_first_wave_ms", {})
         for mode, a in entry["added_ttft_ms"].items():
-            rows.append([load, mode, _ms(a["p50"]), _ms(a["p99"]), _ms(a["p90"])])
+            s = steady.get(mode)
+            after = f"{_ms(s['p50'])} / {_ms(s['p99'])}" if s else "-"
+            rows.append([load, mode, _ms(a["p50"]), _ms(a["p99"]), _ms(a["p90"]), after])
     return markdown_table(header, rows) if rows else ""
 
 

@@ -62,9 +62,17 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
     return out
 
 
-def summarize_run(results: Sequence[RequestResult], wall_s: float) -> dict[str, Any]:
-    """The summary of one run of one mode at one load point."""
+def summarize_run(
+    results: Sequence[RequestResult], wall_s: float, first_wave: int = 0
+) -> dict[str, Any]:
+    """The summary of one run of one mode at one load point.
+
+    `first_wave`: in a closed loop, the requests every stream sends at the same instant when
+    the run starts (its concurrency). Their first tokens are also summarized apart, and
+    `ttft_after_first_wave_ms` covers the rest: the steady state."""
     ok = [r for r in results if r.ok]
+    by_start = sorted(ok, key=lambda r: r.start_s)
+    wave, steady = by_start[:first_wave], by_start[first_wave:]
     errors = Counter(r.error for r in results if r.error is not None)
     tokens = sum(r.tokens for r in ok)
     gaps = [g for r in ok for g in r.gaps_ms]
@@ -80,6 +88,9 @@ def summarize_run(results: Sequence[RequestResult], wall_s: float) -> dict[str, 
         "tokens": tokens,
         "tokens_per_s": tokens / wall_s if wall_s > 0 else math.nan,
         "ttft_ms": summarize([r.ttft_ms for r in ok if r.ttft_ms is not None]),
+        "first_wave": len(wave),
+        "ttft_first_wave_ms": summarize([r.ttft_ms for r in wave if r.ttft_ms is not None]),
+        "ttft_after_first_wave_ms": summarize([r.ttft_ms for r in steady if r.ttft_ms is not None]),
         "total_ms": summarize([r.total_ms for r in ok if r.total_ms is not None]),
         "gap_ms": summarize(gaps),
         "server_queue_ms": summarize(queue),
@@ -222,7 +233,11 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") 
         by_load.setdefault(run["load"], {}).setdefault(run["mode"], []).append(run)
     out: dict[str, Any] = {}
     for load, modes in by_load.items():
-        entry: dict[str, Any] = {"modes": {}, "added_ttft_ms": {}}
+        entry: dict[str, Any] = {
+            "modes": {},
+            "added_ttft_ms": {},
+            "added_ttft_after_first_wave_ms": {},
+        }
         for mode, mode_runs in modes.items():
             summaries = [r["summary"] for r in mode_runs]
             agg = {
@@ -247,5 +262,16 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") 
             entry["added_ttft_ms"][mode] = {
                 f"p{q}": median_and_spread([d[f"p{q}"] for d in diffs]) for q in PERCENTILES
             }
+            steady = [
+                added(r["summary"], base[r["repeat"]], "ttft_after_first_wave_ms")
+                for r in mode_runs
+                if r["repeat"] in base
+                and r["summary"].get("first_wave")
+                and "ttft_after_first_wave_ms" in base[r["repeat"]]
+            ]
+            if steady:
+                entry["added_ttft_after_first_wave_ms"][mode] = {
+                    f"p{q}": median_and_spread([d[f"p{q}"] for d in steady]) for q in PERCENTILES
+                }
         out[load] = entry
     return out

@@ -135,3 +135,27 @@ def test_prompt_mix_is_deterministic_and_honours_shares() -> None:
     assert 100 < repeats < 250  # ~30% exact repeats (plus chance collisions of paraphrases)
     with pytest.raises(ValueError):
         PromptMix(0.8, 0.5)
+
+
+def test_the_first_wave_of_a_closed_loop_is_summarized_apart() -> None:
+    # Two streams: both start at 0 (the wave, slow), then two more each (steady, fast).
+    results = [_ok(0.0, 90, 100), _ok(0.0, 80, 100)]
+    results += [_ok(0.1 * i, 10 + i, 100) for i in range(1, 5)]
+    s = summarize_run(list(reversed(results)), 1.0, first_wave=2)
+    assert s["first_wave"] == 2
+    assert s["ttft_first_wave_ms"]["n"] == 2 and s["ttft_first_wave_ms"]["min"] == 80
+    assert s["ttft_after_first_wave_ms"]["max"] == 14 and s["ttft_after_first_wave_ms"]["n"] == 4
+    assert s["ttft_ms"]["n"] == 6
+    # Open loop: no wave; the steady summary is the whole run.
+    s = summarize_run(results, 1.0)
+    assert s["first_wave"] == 0 and s["ttft_after_first_wave_ms"]["n"] == 6
+
+    runs = [
+        {"mode": "direct", "load": "c=2", "repeat": 0, "summary": summarize_run(
+            [_ok(0.0, 50, 60), _ok(0.0, 50, 60), _ok(0.2, 5, 60), _ok(0.3, 5, 60)], 1.0, 2)},
+        {"mode": "stack", "load": "c=2", "repeat": 0, "summary": summarize_run(
+            [_ok(0.0, 90, 60), _ok(0.0, 90, 60), _ok(0.2, 7, 60), _ok(0.3, 7, 60)], 1.0, 2)},
+    ]  # fmt: skip
+    agg = aggregate_runs(runs)["c=2"]
+    assert agg["added_ttft_after_first_wave_ms"]["stack"]["p50"]["median"] == 2.0
+    assert agg["added_ttft_ms"]["stack"]["p99"]["median"] > 2.0
