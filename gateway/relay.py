@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import hiredis
@@ -196,13 +196,9 @@ class Relay:
         self._transport, self._protocol = transport, protocol
         self._connected_at = asyncio.get_running_loop().time()
         transport.writelines(self._address.handshake(self._client_name))
-        self._write_subscribe(list(self._handlers))
-
-    def _write_subscribe(self, names: Iterable[bytes]) -> None:
-        names = list(names)
-        assert self._transport is not None
+        names = list(self._handlers)  # every channel again, after a reconnect
         for i in range(0, len(names), RESUBSCRIBE_BATCH):
-            self._transport.write(pack((b"SUBSCRIBE", *names[i : i + RESUBSCRIBE_BATCH])))
+            transport.write(pack((b"SUBSCRIBE", *names[i : i + RESUBSCRIBE_BATCH])))
 
     def _lost(self, protocol: _Protocol, exc: Exception | None) -> None:
         if protocol is not self._protocol:

@@ -20,7 +20,7 @@ from gateway.ratelimit import RateLimiter
 from gateway.relay import Relay
 from shared.db.session import make_engine, make_sessionmaker
 from shared.errors import Unauthorized
-from shared.heap import FIRST_USE_REQUESTS, freeze_first_use_objects
+from shared.heap import FirstUse
 from shared.keys import CHAT_QUEUE, Keys
 from shared.limits import Limits
 from shared.redisclient import redis_client
@@ -70,7 +70,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.sessions: set[Session] = set()
         self.jobs: dict[str, Job] = {}
-        self.chats_started = 0
+        self._first_use = FirstUse()  # sessions, pools, caches made by the first chats live on
         self._workers_checked = 0.0
         self._workers_alive = 0
         self._watchdog: asyncio.Task[None] | None = None
@@ -78,10 +78,7 @@ class Gateway:
 
     def chat_started(self) -> None:
         self.metrics.chats.inc()
-        self.chats_started += 1
-        if self.chats_started == FIRST_USE_REQUESTS:
-            # Sessions, pools and caches made by the first chats live on (shared/heap.py).
-            freeze_first_use_objects()
+        self._first_use.started()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run a fire-and-forget coroutine, keeping a reference so it is not collected."""

@@ -29,3 +29,17 @@ def freeze_first_use_objects() -> None:
     engine, prompt and tokenizer caches) lives as long. No collection first: a full pass here
     would stop a serving loop for as long as the one being avoided."""
     gc.freeze()
+
+
+class FirstUse:
+    """Counts requests as they start and calls freeze_first_use_objects() once, at the
+    FIRST_USE_REQUESTS-th (chats in a worker or in a gateway)."""
+
+    def __init__(self, after: int = FIRST_USE_REQUESTS) -> None:
+        self._left = after
+
+    def started(self) -> None:
+        if self._left > 0:
+            self._left -= 1
+            if self._left == 0:
+                freeze_first_use_objects()

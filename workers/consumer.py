@@ -28,7 +28,7 @@ import redis.asyncio as aioredis
 from kombu.transport.redis import PRIORITY_STEPS, Channel
 from redis.exceptions import RedisError
 
-from shared.heap import FIRST_USE_REQUESTS, freeze_first_use_objects, freeze_startup_objects
+from shared.heap import FirstUse, freeze_startup_objects
 from shared.tasks import TaskCall, parse_task_message
 
 log = logging.getLogger(__name__)
@@ -47,12 +47,6 @@ def priority_lists(list_key: str) -> list[str]:
 PICKUP_BATCH = 4
 
 
-async def _freeze_after(consumer: QueueConsumer, tasks: int) -> None:
-    while consumer.started < tasks:  # noqa: ASYNC110 - a once-a-second check is all it needs
-        await asyncio.sleep(1.0)
-    freeze_first_use_objects()
-
-
 class QueueConsumer:
     """Pops task messages off kombu lists and runs each as a task on the running loop."""
 
@@ -64,6 +58,7 @@ class QueueConsumer:
         concurrency: int,
         poll_s: float = 1.0,
         batch: int = 1,
+        first_use: FirstUse | None = None,
     ) -> None:
         self._redis = redis
         self._lists = list(lists)
@@ -71,6 +66,7 @@ class QueueConsumer:
         self._slots = asyncio.Semaphore(concurrency)
         self._poll_s = poll_s
         self._batch = max(1, batch)
+        self._first_use = first_use
         self._stopping = False
         self._waiting_for_slot = False
         self._reader: asyncio.Task[None] | None = None
@@ -151,6 +147,8 @@ class QueueConsumer:
         task = asyncio.create_task(self._run_one(handler, call), name=f"{call.name}:{call.task_id}")
         self.running.add(task)
         self.started += 1
+        if self._first_use is not None:
+            self._first_use.started()
         task.add_done_callback(self._finished)
 
     @staticmethod
@@ -212,6 +210,7 @@ async def serve(
         handlers,
         concurrency,
         batch=PICKUP_BATCH if int(version.split(".")[0]) >= 7 else 1,
+        first_use=FirstUse(),
     )
     loop = asyncio.get_running_loop()
     signals = 0
@@ -230,13 +229,11 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     log.info("%s ready: %s with %d slots", name, queue, concurrency)
-    refreeze = asyncio.create_task(_freeze_after(consumer, FIRST_USE_REQUESTS))
     try:
         await consumer.run()
         left = await consumer.drain(shutdown_grace_s)
         if left:
             log.warning("%d chats were still running at the end of the grace period", left)
     finally:
-        refreeze.cancel()
         await reader.aclose()
         await context.close_context()

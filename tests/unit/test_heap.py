@@ -23,7 +23,7 @@ def test_startup_objects_leave_the_collectors_sight() -> None:
 
 def test_gateway_freezes_first_use_objects_once(monkeypatch: pytest.MonkeyPatch) -> None:
     frozen: list[int] = []
-    monkeypatch.setattr("gateway.state.freeze_first_use_objects", lambda: frozen.append(1))
+    monkeypatch.setattr("shared.heap.freeze_first_use_objects", lambda: frozen.append(1))
     gw = Gateway(Settings(database_url="sqlite+aiosqlite:///:memory:"))
     for _ in range(FIRST_USE_REQUESTS - 1):
         gw.chat_started()
@@ -31,4 +31,5 @@ def test_gateway_freezes_first_use_objects_once(monkeypatch: pytest.MonkeyPatch)
     for _ in range(3 * FIRST_USE_REQUESTS):
         gw.chat_started()
     assert frozen == [1]
-    assert gw.chats_started == 4 * FIRST_USE_REQUESTS - 1
+    chats = gw.metrics.registry.get_sample_value("firsttoken_gateway_chats_total")
+    assert chats == 4 * FIRST_USE_REQUESTS - 1
