@@ -5,6 +5,11 @@ streams for its key, and the key's revocation marker) is checked and charged by 
 so they hold exactly with any number of gateway processes and cost one round trip. The clock is
 Redis's own (``TIME``), so gateways with skewed clocks still share one window.
 
+The scripts run on the gateway's Redis pipe (shared/redispipe.py): a burst of chats is admitted
+with one write and no pooled connection per chat. The pipe sends a call again after a lost
+connection, so each script may run twice: admission is idempotent per job (an admitted job's
+owner record is its receipt) and settlement sets an absolute amount.
+
 The arithmetic is the reference model in ``shared/limits.py``; this module only moves it into
 Redis. A stream slot is a lease (``stream_lease_s``) that the gateway renews while the stream
 runs, so a gateway that crashes leaks its slots only until their leases run out.
@@ -18,11 +23,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from shared.errors import RateLimited, Unauthorized
 from shared.keys import Keys
 from shared.limits import WINDOW_MS, Limits
+from shared.redispipe import RedisPipe
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +41,10 @@ _BATCH = 500
 # Returns {1} admitted, {0, reason, scope, retry_after_ms} refused, {-1} revoked.
 # With the optional keys, an admitted chat is also enqueued (LPUSH) and its owner recorded:
 # admission and enqueue are then one round trip, and a refused chat never reaches the queue.
+# Run again for a job it already admitted (a resend after a lost connection), it returns {1}
+# and charges and enqueues nothing: the owner record says the first run admitted it.
 ADMIT_LUA = f"""
+if KEYS[8] and redis.call('EXISTS', KEYS[8]) == 1 then return {{1}} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local rid = ARGV[1]
@@ -137,15 +144,16 @@ end
 return {{1}}
 """
 
-# KEYS: key tokens, tenant tokens, key streams.  ARGV: request id, delta (negative: refund).
+# KEYS: key tokens, tenant tokens, key streams.  ARGV: request id, tokens charged in the end.
 # A request already evicted from a window is no longer counted there, so it is left alone.
+# Absolute, so running it twice changes nothing.
 SETTLE_LUA = """
 local rid = ARGV[1]
-local delta = tonumber(ARGV[2])
+local charged = tonumber(ARGV[2])
 for i = 1, 2 do
   local cur = redis.call('HGET', KEYS[i], rid)
   if cur then
-    local new = math.max(0, tonumber(cur) + delta)
+    local new = math.max(0, charged)
     redis.call('HSET', KEYS[i], rid, new)
     redis.call('HINCRBY', KEYS[i], '=sum', new - tonumber(cur))
   end
@@ -197,13 +205,16 @@ class Admission:
 
 
 class RateLimiter:
-    def __init__(self, redis: aioredis.Redis, keys: Keys, lease_s: float) -> None:
-        self._redis = redis
+    def __init__(
+        self, pipe: RedisPipe, keys: Keys, lease_s: float, *, timeout_s: float = 5.0
+    ) -> None:
+        self._pipe = pipe
         self._keys = keys
         self._lease_ms = max(1000, int(lease_s * 1000))
-        self._admit = redis.register_script(ADMIT_LUA)
-        self._settle = redis.register_script(SETTLE_LUA)
-        self._renew = redis.register_script(RENEW_LUA)
+        self._timeout_s = timeout_s
+        self._admit = pipe.script(ADMIT_LUA)
+        self._settle = pipe.script(SETTLE_LUA)
+        self._renew = pipe.script(RENEW_LUA)
         self.live: dict[str, Admission] = {}  # job id -> admission holding a stream slot
         self._renewer: asyncio.Task[None] | None = None
 
@@ -252,7 +263,13 @@ class RateLimiter:
         if enqueue is not None:
             keys += [enqueue.queue_key, enqueue.owner_key]
             args += [enqueue.message, key_id, enqueue.owner_ttl_s]
-        result: list[Any] = await self._admit(keys=keys, args=args)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                result: Any = await self._admit(keys, args)
+        except TimeoutError:
+            raise ConnectionError(
+                f"Redis did not answer the admission within {self._timeout_s:.0f}s"
+            ) from None
         status = int(result[0])
         if status == -1:
             raise Unauthorized("this API key has been revoked")
@@ -270,36 +287,43 @@ class RateLimiter:
             self.live[job_id] = admission
         return admission
 
-    async def settle(self, admission: Admission, charged: int) -> None:
-        """Set the admission's tokens to what was charged and free its stream slot (once)."""
+    def settle(self, admission: Admission, charged: int) -> None:
+        """Set the admission's tokens to what was charged and free its stream slot (once).
+
+        Queued on the pipe; nothing waits for the answer (an error reply is logged there)."""
         if admission.settled:
             return
         admission.settled = True
         self.live.pop(admission.job_id, None)
         k = self._keys
         try:
-            await self._settle(
-                keys=[
+            self._settle.send(
+                [
                     k.rate_tokens("key", admission.key_id),
                     k.rate_tokens("tenant", admission.tenant_id),
                     k.key_streams(admission.key_id),
                 ],
-                args=[admission.job_id, charged - admission.reserved],
+                [admission.job_id, charged],
             )
-        except Exception:
+        except ConnectionError:
             # The lease and the window both expire on their own; a lost refund only makes the
             # limit stricter for at most one window.
             log.warning("could not settle rate-limit reservation", exc_info=True)
+
+    async def flush(self) -> None:
+        """Wait until every settlement sent so far has run."""
+        await self._pipe.flush()
 
     async def renew(self) -> None:
         """Extend the lease of every stream this process is still relaying."""
         live = list(self.live.values())
         for i in range(0, len(live), _BATCH):
             batch = live[i : i + _BATCH]
-            await self._renew(
-                keys=[self._keys.key_streams(a.key_id) for a in batch],
-                args=[self._lease_ms, *(a.job_id for a in batch)],
-            )
+            async with asyncio.timeout(self._timeout_s):
+                await self._renew(
+                    [self._keys.key_streams(a.key_id) for a in batch],
+                    [self._lease_ms, *(a.job_id for a in batch)],
+                )
 
     async def _renew_loop(self) -> None:
         # Three renewals per lease: one lost to a Redis blip does not expire a live stream.

@@ -262,7 +262,7 @@ class Session:
             self.jobs.pop(frame.id, None)
             gw.relay.unsubscribe(job.channel)
             if admission is not None:
-                await gw.limiter.settle(admission, 0)
+                gw.limiter.settle(admission, 0)
             raise
         gw.jobs[job_id] = job
         gw.chat_started()
@@ -348,7 +348,7 @@ class Session:
                     started=job.state.started,
                     frames=job.state.next_seq,
                 )
-            await self.gw.limiter.settle(admission, charged)
+            self.gw.limiter.settle(admission, charged)
 
     def expire(self, job: Job, now: float) -> None:
         """Called by the gateway's watchdog: end a job whose worker missed a deadline."""

@@ -24,6 +24,7 @@ from shared.heap import FirstUse
 from shared.keys import CHAT_QUEUE, Keys
 from shared.limits import Limits
 from shared.redisclient import redis_client
+from shared.redispipe import RedisPipe
 from shared.settings import Settings
 
 if TYPE_CHECKING:
@@ -55,7 +56,9 @@ class Gateway:
                 tenant_tpm=settings.tenant_tpm_default,
             ),
         )
-        self.limiter = RateLimiter(self.redis, self.keys, settings.stream_lease_s)
+        # Admission and settlement scripts, pipelined on one connection (shared/redispipe.py).
+        self.pipe = RedisPipe(settings.redis_url, client_name=f"firsttoken-gateway-{os.getpid()}")
+        self.limiter = RateLimiter(self.pipe, self.keys, settings.stream_lease_s)
         self.guard = ConnectionGuard(
             max_connections=settings.max_connections,
             idle_timeout_s=settings.idle_timeout_s,
@@ -87,6 +90,7 @@ class Gateway:
         task.add_done_callback(self._background.discard)
 
     async def start(self) -> None:
+        await self.pipe.start()
         await self.relay.start()
         await self.relay.subscribe_confirmed(self.keys.key_events, self._on_key_event)
         self.limiter.start()
@@ -118,6 +122,7 @@ class Gateway:
             with contextlib.suppress(BaseException):
                 await self._watchdog
         await self.relay.close()
+        await self.pipe.close()
         await self.redis.aclose()
         await self.db.dispose()
 

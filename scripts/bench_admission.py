@@ -35,6 +35,7 @@ from shared.db.migrate import upgrade
 from shared.db.session import make_engine, make_sessionmaker
 from shared.keys import Keys
 from shared.limits import Limits, estimate_prompt_tokens, reservation
+from shared.redispipe import RedisPipe
 from tests.integration.conftest import Services, make_stack
 from tests.support import REDIS_URL, postgres_database
 
@@ -56,7 +57,9 @@ async def micro(db_url: str, n: int) -> dict[str, list[float]]:
         )
     )
     auth = Authenticator(redis, keys, make_sessionmaker(engine), 3600.0)
-    limiter = RateLimiter(redis, keys, 60)
+    pipe = RedisPipe(REDIS_URL)
+    await pipe.start()
+    limiter = RateLimiter(pipe, keys, 60)
     limits = Limits(
         key_rpm=10**9, key_tpm=10**12, key_streams=10**6, tenant_rpm=10**9, tenant_tpm=10**12
     )
@@ -96,6 +99,7 @@ async def micro(db_url: str, n: int) -> dict[str, list[float]]:
     found = [k async for k in redis.scan_iter(f"{keys.prefix}:*")]
     if found:
         await redis.delete(*found)
+    await pipe.close()
     await redis.aclose()
     await engine.dispose()
     return out

@@ -122,7 +122,7 @@ class ChatRun:
             "worker_start": time.time(),
         }
         self.publisher = JobPublisher(
-            ctx.sender,
+            ctx.chunks,
             ctx.keys,
             job.job_id,
             job.chat_id,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import time
 from dataclasses import dataclass, field
@@ -21,10 +22,10 @@ from shared.engines.factory import make_model_engine
 from shared.keys import BULK_QUEUE, Keys
 from shared.models import ModelSpec, ModelTable, model_table
 from shared.redisclient import redis_client
+from shared.redispipe import PipeScript, RedisPipe
 from shared.settings import Settings, get_settings
 from workers.publish import SEND_LUA
 from workers.record import UsageBatcher
-from workers.sender import ChunkSender
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,10 @@ class WorkerContext:
     keys: Keys
     redis: aioredis.Redis
     name: str
-    # Every job's chunks, pipelined on one connection (workers/sender.py); started by start().
-    sender: ChunkSender
+    # One pipelined Redis connection (shared/redispipe.py) for every job's chunks and the
+    # chat path's small reads; started by start().
+    pipe: RedisPipe
+    chunks: PipeScript  # workers/publish.py's SEND_LUA on the pipe
     # Usage rows of chats ending close together, one bulk task per batch (workers/record.py).
     usage: UsageBatcher
     _engines: dict[tuple[str, str], Engine] = field(default_factory=dict)
@@ -69,7 +72,7 @@ class WorkerContext:
         return self.engine_for(self.models.get(None))
 
     async def start(self, queues: tuple[str, ...]) -> None:
-        await self.sender.start()
+        await self.pipe.start()
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         await pubsub.subscribe(self.keys.cancel_channel)
         self._tasks.append(asyncio.create_task(self._listen_cancels(pubsub)))
@@ -123,7 +126,7 @@ class WorkerContext:
             with contextlib.suppress(Exception):
                 await engine.aclose()
         await self.usage.close()
-        await self.sender.close()
+        await self.pipe.close()
         await self.redis.aclose()
 
 
@@ -151,12 +154,14 @@ async def get_context() -> WorkerContext:
             settings = get_settings()
             keys = Keys(settings.redis_prefix)
             redis = redis_client(settings.redis_url)
+            pipe = RedisPipe(settings.redis_url, client_name=f"firsttoken-worker-{os.getpid()}")
             ctx = WorkerContext(
                 settings=settings,
                 keys=keys,
                 redis=redis,
                 name=_name,
-                sender=ChunkSender(settings.redis_url, SEND_LUA),
+                pipe=pipe,
+                chunks=pipe.script(SEND_LUA),
                 usage=UsageBatcher(
                     redis,
                     keys.queue_list(BULK_QUEUE),

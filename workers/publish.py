@@ -6,10 +6,10 @@ import asyncio
 
 from shared.keys import Keys
 from shared.protocol import CHUNK_STARTED, CHUNK_TOKEN, dumps, encode_chunk, encode_token
-from workers.sender import ChunkSender
+from shared.redispipe import PipeScript
 
 # PUBLISH + XADD (+ EXPIRE the first time) as one script: one command and one reply per chunk,
-# sent pipelined on the process's one chunk connection (workers/sender.py).
+# sent pipelined on the process's Redis pipe (shared/redispipe.py).
 # KEYS: channel, replay stream[, the job's cancel flag].  ARGV: message, maxlen, ttl seconds
 # (0: leave the expiry). Given the cancel flag (the `started` chunk), returns whether it is set.
 SEND_LUA = """
@@ -25,13 +25,13 @@ class JobPublisher:
     """Sends one job's messages; every message goes to the channel and the replay stream in one
     script call, so a gap or a reconnect can be repaired from the stream.
 
-    Sending only queues the call on the process's chunk connection (workers/sender.py), so the
+    Sending only queues the call on the process's Redis pipe (shared/redispipe.py), so the
     send methods are plain functions: nothing between two chunks yields to the loop, and a job's
     chunks keep the order they were sent in."""
 
     def __init__(
         self,
-        sender: ChunkSender,
+        chunks: PipeScript,
         keys: Keys,
         job_id: str,
         chat_id: str,
@@ -39,7 +39,7 @@ class JobPublisher:
         replay_maxlen: int,
         replay_ttl_s: int,
     ) -> None:
-        self._sender = sender
+        self._chunks = chunks
         self._maxlen = str(replay_maxlen)
         self._ttl = str(replay_ttl_s)
         self._channel = keys.job_channel(job_id)
@@ -49,20 +49,20 @@ class JobPublisher:
         self.next_seq = 0
 
     def send(self, message: str) -> None:
-        """Queue one chunk on the process's chunk connection (the first one sets the expiry)."""
+        """Queue one chunk on the process's Redis pipe (the first one sets the expiry)."""
         ttl = "0" if self._expiry_set else self._ttl
         self._expiry_set = True
-        self._sender.send((self._channel, self._stream), (message, self._maxlen, ttl))
+        self._chunks.send((self._channel, self._stream), (message, self._maxlen, ttl))
 
     def start(self, started_at: float, cancel_flag: str) -> asyncio.Future[object]:
-        """Announce that the job started (first on the chunk connection, so before its tokens).
+        """Announce that the job started (first on the pipe, so before its tokens).
 
         The same script call reads the job's cancel flag: the returned future says (1 or 0)
         whether the client cancelled while the job waited in the queue. A cancel after this
         read reaches the worker as a message (the job is registered as running by then)."""
         cancelled: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._expiry_set = True
-        self._sender.send(
+        self._chunks.send(
             (self._channel, self._stream, cancel_flag),
             (encode_chunk(CHUNK_STARTED, dumps({"t": started_at})), self._maxlen, self._ttl),
             cancelled,

@@ -188,8 +188,9 @@ class QuotaSource:
 
     async def fetch(self, query: Query) -> dict[str, int]:
         key = self.ctx.keys.rate_tokens("tenant", query.tenant_id)
-        used = await self.ctx.redis.hget(key, "=sum")
-        return {"used": int(float(used or 0)), "limit": self.ctx.settings.tenant_tpm_default}
+        # On the pipe: no pooled connection of its own, no write of its own.
+        used = await self.ctx.pipe.call("HGET", key, "=sum")
+        return {"used": int(float(str(used or 0))), "limit": self.ctx.settings.tenant_tpm_default}
 
 
 class ProbeSource:

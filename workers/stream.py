@@ -1,6 +1,6 @@
 """Engine deltas -> coalesced token chunks, published in seq order (see shared/coalesce.py).
 
-Publishing only queues a chunk on the process's chunk connection, so every method here is a
+Publishing only queues a chunk on the process's Redis pipe, so every method here is a
 plain function: a flush cannot interleave with another, and seq order is the call order.
 """
 

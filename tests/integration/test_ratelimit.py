@@ -13,10 +13,11 @@ import redis.asyncio as aioredis
 import websockets
 
 from firsttoken.keyscli import create_key
-from gateway.ratelimit import RateLimiter
+from gateway.ratelimit import Enqueue, RateLimiter
 from shared.errors import RateLimited, Unauthorized
 from shared.keys import Keys
 from shared.limits import Limits
+from shared.redispipe import RedisPipe
 from shared.settings import Settings, load_settings
 from tests.integration.conftest import Services, Stack, make_stack
 from tests.support import free_port, port_open, wait_until
@@ -29,7 +30,10 @@ async def limiter(services: Services) -> AsyncIterator[tuple[RateLimiter, Keys]]
     """A limiter on the real Redis under a fresh prefix, cleaned up after."""
     keys = Keys(f"ftrl{uuid.uuid4().hex[:8]}")
     client = aioredis.Redis.from_url(services.redis_url, decode_responses=True)
-    yield RateLimiter(client, keys, lease_s=1.0), keys
+    pipe = RedisPipe(services.redis_url)
+    await pipe.start()
+    yield RateLimiter(pipe, keys, lease_s=1.0), keys
+    await pipe.close()
     found = [k async for k in client.scan_iter(f"{keys.prefix}:*")]
     if found:
         await client.delete(*found)
@@ -54,13 +58,15 @@ async def _admit(lim: RateLimiter, limits: Limits, tokens: int = 1, key: str = "
 async def test_concurrent_admissions_from_three_clients_are_exact(
     services: Services, limiter: tuple[RateLimiter, Keys]
 ) -> None:
-    """300 concurrent admissions over three Redis clients, limit 100 rpm: exactly 100 pass."""
+    """300 concurrent admissions over three Redis connections, limit 100 rpm: exactly 100 pass."""
     _, keys = limiter
-    clients = [aioredis.Redis.from_url(services.redis_url) for _ in range(3)]
-    lims = [RateLimiter(c, keys, lease_s=60) for c in clients]
+    pipes = [RedisPipe(services.redis_url) for _ in range(3)]
+    for pipe in pipes:
+        await pipe.start()
+    lims = [RateLimiter(p, keys, lease_s=60) for p in pipes]
     results = await asyncio.gather(*(_admit(lims[i % 3], Limits(key_rpm=100)) for i in range(300)))
-    for c in clients:
-        await c.aclose()
+    for pipe in pipes:
+        await pipe.close()
     assert sum(results) == 100
 
 
@@ -91,15 +97,45 @@ async def test_reservation_and_refund_arithmetic_in_redis(
         job_id="a", key_id="k", tenant_id="t", limits=limits, tokens=800, prompt_estimate=50
     )
     assert not await _admit(lim, limits, tokens=300)
-    await lim.settle(first, 100)
+    lim.settle(first, 100)
+    await lim.flush()
     r = aioredis.Redis.from_url(services.redis_url, decode_responses=True)
     assert await r.hget(keys.rate_tokens("key", "k"), "=sum") == "100"
     assert await r.hget(keys.rate_tokens("tenant", "t"), "=sum") == "100"
     assert await _admit(lim, limits, tokens=300)
     assert await r.hget(keys.rate_tokens("key", "k"), "=sum") == "400"
-    await lim.settle(first, 0)  # a second settle is a no-op
+    lim.settle(first, 0)  # a second settle is a no-op
+    await lim.flush()
     assert await r.hget(keys.rate_tokens("key", "k"), "=sum") == "400"
     await r.aclose()
+
+
+async def test_an_admission_run_twice_charges_and_enqueues_once(
+    services: Services, limiter: tuple[RateLimiter, Keys]
+) -> None:
+    """The gateway's pipe sends a call again after a lost connection, so one job's admission
+    may run twice: the second run finds the owner record and changes nothing."""
+    lim, keys = limiter
+    limits = Limits(key_rpm=10, key_tpm=1000, key_streams=5)
+    enqueue = Enqueue(keys.queue_list("chat"), "the task", keys.job_owner("j1"), 60)
+    for _ in range(2):
+        await lim.admit(
+            job_id="j1",
+            key_id="k",
+            tenant_id="t",
+            limits=limits,
+            tokens=100,
+            prompt_estimate=10,
+            enqueue=enqueue,
+        )
+    r = aioredis.Redis.from_url(services.redis_url, decode_responses=True)
+    try:
+        assert await r.lrange(keys.queue_list("chat"), 0, -1) == ["the task"]
+        assert await r.zcard(keys.rate_window("key", "k")) == 1
+        assert await r.hget(keys.rate_tokens("key", "k"), "=sum") == "100"
+        assert await r.zcard(keys.key_streams("k")) == 1
+    finally:
+        await r.aclose()
 
 
 async def test_tenant_limit_spans_its_keys(limiter: tuple[RateLimiter, Keys]) -> None:
@@ -120,7 +156,7 @@ async def test_stream_slots_are_freed_on_settle_and_leases_expire(
         job_id="s1", key_id="k", tenant_id="t", limits=limits, tokens=1, prompt_estimate=0
     )
     assert not await _admit(lim, limits)
-    await lim.settle(first, 1)
+    lim.settle(first, 1)
     assert await _admit(lim, limits)  # this one is never settled: a "crashed gateway"
     lim.live.clear()
     assert not await _admit(lim, limits)

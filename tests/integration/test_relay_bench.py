@@ -63,8 +63,8 @@ async def _capture(client: aioredis.Redis, channel: str, send: Any, until_kind: 
 
 
 def test_producer_chunks_match_the_worker_publisher() -> None:
+    from shared.redispipe import RedisPipe
     from workers.publish import SEND_LUA, JobPublisher
-    from workers.sender import ChunkSender
 
     async def scenario() -> None:
         keys = Keys(f"ftrelay{uuid.uuid4().hex[:8]}")
@@ -73,10 +73,11 @@ def test_producer_chunks_match_the_worker_publisher() -> None:
             worker_job = _job(keys, "chat-1")
             bench_job = _job(keys, "chat-1")
             # What a chat worker publishes for a 7-token answer, one token per chunk.
-            sender = ChunkSender(REDIS_URL, SEND_LUA)
+            sender = RedisPipe(REDIS_URL)
+            chunks = sender.script(SEND_LUA)
             await sender.start()
             publisher = JobPublisher(
-                sender,
+                chunks,
                 keys,
                 worker_job["job_id"],
                 "chat-1",

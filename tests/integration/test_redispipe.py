@@ -1,24 +1,29 @@
-"""The chat worker's pipelined chunk connection (workers/sender.py) on a real Redis: order,
-idle connections, a killed connection and a flushed script cache lose no chunk."""
+"""The pipelined Redis connection (shared/redispipe.py) on a real Redis: order, idle
+connections, a killed connection and a flushed script cache lose no chunk; a caller that gave
+up is not sent again."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
+from shared.redispipe import PipeScript, RedisPipe
 from shared.resp import pack
 from tests.integration.conftest import Services
+from tests.support import free_port, port_open, wait_until
 from workers.publish import SEND_LUA
-from workers.sender import ChunkSender
 
 
 @pytest.fixture
 async def channel(services: Services) -> AsyncIterator[tuple[str, str, aioredis.client.PubSub]]:
-    name = f"ftsender{uuid.uuid4().hex[:8]}"
+    name = f"ftpipe{uuid.uuid4().hex[:8]}"
     client = aioredis.Redis.from_url(services.redis_url, decode_responses=True)
     pubsub = client.pubsub(ignore_subscribe_messages=True)
     await pubsub.subscribe(f"{name}:ch")
@@ -28,10 +33,11 @@ async def channel(services: Services) -> AsyncIterator[tuple[str, str, aioredis.
     await client.aclose()
 
 
-async def _sender(services: Services, name: str = "ftsender-test") -> ChunkSender:
-    sender = ChunkSender(services.redis_url, SEND_LUA, client_name=name)
-    await sender.start()
-    return sender
+async def _open(services: Services, name: str = "ftpipe-test") -> tuple[RedisPipe, PipeScript]:
+    pipe = RedisPipe(services.redis_url, client_name=name)
+    chunks = pipe.script(SEND_LUA)
+    await pipe.start()
+    return pipe, chunks
 
 
 async def _received(pubsub: aioredis.client.PubSub, count: int, timeout: float = 5.0) -> list[str]:
@@ -45,9 +51,9 @@ async def _received(pubsub: aioredis.client.PubSub, count: int, timeout: float =
     return out
 
 
-def _send(sender: ChunkSender, ch: str, stream: str, messages: list[str]) -> None:
+def _send(chunks: PipeScript, ch: str, stream: str, messages: list[str]) -> None:
     for i, message in enumerate(messages):
-        sender.send((ch, stream), (message, "100", "60" if i == 0 else "0"))
+        chunks.send((ch, stream), (message, "100", "60" if i == 0 else "0"))
 
 
 def test_pack_is_resp() -> None:
@@ -59,12 +65,12 @@ async def test_chunks_arrive_in_order_on_channel_and_replay_stream(
     services: Services, channel: tuple[str, str, aioredis.client.PubSub]
 ) -> None:
     ch, stream, pubsub = channel
-    sender = await _sender(services)
+    pipe, chunks = await _open(services)
     try:
         messages = [f"T{i}\nchunk {i}" for i in range(2000)]
-        _send(sender, ch, stream, messages)
+        _send(chunks, ch, stream, messages)
         assert await _received(pubsub, len(messages)) == messages
-        await asyncio.wait_for(sender.flush(), 5.0)
+        await asyncio.wait_for(pipe.flush(), 5.0)
         client = aioredis.Redis.from_url(services.redis_url, decode_responses=True)
         entries = await client.xrange(stream)
         ttl = await client.ttl(stream)
@@ -72,7 +78,7 @@ async def test_chunks_arrive_in_order_on_channel_and_replay_stream(
         assert [e[1]["m"] for e in entries][-5:] == messages[-5:]
         assert 0 < ttl <= 60  # the first chunk set the replay stream's expiry
     finally:
-        await sender.close()
+        await pipe.close()
 
 
 async def test_idle_connection_survives_redis_clients_default_timeout(
@@ -80,55 +86,55 @@ async def test_idle_connection_survives_redis_clients_default_timeout(
 ) -> None:
     """redis-py's default socket timeout is 5 s; a worker may see no chat for far longer."""
     ch, stream, pubsub = channel
-    sender = await _sender(services)
+    pipe, chunks = await _open(services)
     try:
-        _send(sender, ch, stream, ["before"])
+        _send(chunks, ch, stream, ["before"])
         assert await _received(pubsub, 1) == ["before"]
         await asyncio.sleep(5.5)
-        _send(sender, ch, stream, ["after"])
+        _send(chunks, ch, stream, ["after"])
         assert await _received(pubsub, 1) == ["after"]
     finally:
-        await sender.close()
+        await pipe.close()
 
 
 async def test_killed_connection_reconnects_and_loses_nothing(
     services: Services, channel: tuple[str, str, aioredis.client.PubSub]
 ) -> None:
     ch, stream, pubsub = channel
-    name = f"ftsender-{uuid.uuid4().hex[:8]}"
-    sender = await _sender(services, name)
+    name = f"ftpipe-{uuid.uuid4().hex[:8]}"
+    pipe, chunks = await _open(services, name)
     admin = aioredis.Redis.from_url(services.redis_url, decode_responses=True)
     try:
-        _send(sender, ch, stream, ["one"])
+        _send(chunks, ch, stream, ["one"])
         assert await _received(pubsub, 1) == ["one"]
-        # Kill the sender's connection the way a Redis restart or a network cut would.
+        # Kill the pipe's connection the way a Redis restart or a network cut would.
         ids = [c["id"] for c in await admin.client_list() if c.get("name") == name]
         assert len(ids) == 1
         assert await admin.client_kill_filter(_id=ids[0]) == 1
-        _send(sender, ch, stream, [f"after {i}" for i in range(50)])
+        _send(chunks, ch, stream, [f"after {i}" for i in range(50)])
         got = await _received(pubsub, 50, timeout=10.0)
         # Order kept; a chunk in flight at the cut may come twice (the gateway drops it by seq).
         assert list(dict.fromkeys(got)) == [f"after {i}" for i in range(50)]
     finally:
         await admin.aclose()
-        await sender.close()
+        await pipe.close()
 
 
 async def test_flushed_script_cache_is_reloaded(
     services: Services, channel: tuple[str, str, aioredis.client.PubSub]
 ) -> None:
     ch, stream, pubsub = channel
-    sender = await _sender(services)
+    pipe, chunks = await _open(services)
     admin = aioredis.Redis.from_url(services.redis_url)
     try:
         await admin.script_flush()
-        _send(sender, ch, stream, ["a", "b", "c"])
+        _send(chunks, ch, stream, ["a", "b", "c"])
         got = await _received(pubsub, 3, timeout=10.0)
         assert list(dict.fromkeys(got)) == ["a", "b", "c"]
-        assert sender.errors == 0
+        assert pipe.errors == 0
     finally:
         await admin.aclose()
-        await sender.close()
+        await pipe.close()
 
 
 async def test_a_call_that_asks_gets_the_scripts_answer_even_across_a_reconnect(
@@ -137,25 +143,91 @@ async def test_a_call_that_asks_gets_the_scripts_answer_even_across_a_reconnect(
     """The `started` chunk's call reads the job's cancel flag; its reply future resolves to the
     flag, in order with the chunks around it, and after a killed connection too."""
     ch, stream, pubsub = channel
-    name = f"ftsender-{uuid.uuid4().hex[:8]}"
+    name = f"ftpipe-{uuid.uuid4().hex[:8]}"
     flag = f"{stream}:cancel"
-    sender = await _sender(services, name)
+    pipe, chunks = await _open(services, name)
     admin = aioredis.Redis.from_url(services.redis_url, decode_responses=True)
     loop = asyncio.get_running_loop()
     try:
         unset: asyncio.Future[object] = loop.create_future()
-        sender.send((ch, stream, flag), ("start", "100", "60"), unset)
-        _send(sender, ch, stream, ["t0"])
+        chunks.send((ch, stream, flag), ("start", "100", "60"), unset)
+        _send(chunks, ch, stream, ["t0"])
         assert await asyncio.wait_for(unset, 5) == 0
         await admin.set(flag, "1", ex=60)
         ids = [c["id"] for c in await admin.client_list() if c.get("name") == name]
         assert await admin.client_kill_filter(_id=ids[0]) == 1
         is_set: asyncio.Future[object] = loop.create_future()
-        sender.send((ch, stream, flag), ("again", "100", "0"), is_set)
+        chunks.send((ch, stream, flag), ("again", "100", "0"), is_set)
         assert await asyncio.wait_for(is_set, 10) == 1
         got = await _received(pubsub, 3, timeout=10.0)
         assert list(dict.fromkeys(got)) == ["start", "t0", "again"]
     finally:
         await admin.delete(flag)
         await admin.aclose()
-        await sender.close()
+        await pipe.close()
+
+
+async def test_plain_commands_are_answered_in_order_with_the_scripts(services: Services) -> None:
+    pipe = RedisPipe(services.redis_url)
+    await pipe.start()
+    key = f"ftpipe{uuid.uuid4().hex[:8]}"
+    try:
+        answers = await asyncio.gather(
+            pipe.call("HSET", key, "=sum", "41"),
+            pipe.call("HINCRBY", key, "=sum", "1"),
+            pipe.call("HGET", key, "=sum"),
+            pipe.call("HGET", key, "missing"),
+        )
+        assert answers == [1, 42, "42", None]
+        with pytest.raises(Exception, match=r"WRONGTYPE|wrong kind"):
+            await pipe.call("LPUSH", key, "x")  # an error reply goes to its caller
+        assert await pipe.call("DEL", key) == 1
+        assert pipe.errors == 0
+    finally:
+        await pipe.close()
+
+
+def _redis_server(port: int, workdir: Path) -> subprocess.Popen[bytes]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("no redis-server binary on this machine")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    wait_until(lambda: port_open(port), 10, what="redis-server")
+    return proc
+
+
+async def test_a_call_whose_caller_gave_up_is_not_sent_again_after_a_reconnect(
+    tmp_path: Path,
+) -> None:
+    """While Redis is down, calls wait; once it is back, only those whose caller still waits
+    are sent: an admission the client was already told had failed must not run later."""
+    port = free_port()
+    server = _redis_server(port, tmp_path)
+    url = f"redis://127.0.0.1:{port}/0"
+    pipe = RedisPipe(url, down_fail_s=30)
+    try:
+        await pipe.start()
+        assert await pipe.call("PING") == "PONG"
+        server.terminate()
+        server.wait(10)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while pipe.connected:
+            assert loop.time() < deadline, "the pipe did not notice Redis going away"
+            await asyncio.sleep(0.01)
+        abandoned = asyncio.ensure_future(pipe.call("INCR", "gave-up"))
+        kept = asyncio.ensure_future(pipe.call("INCR", "waited"))
+        await asyncio.sleep(0.05)
+        abandoned.cancel()
+        server = _redis_server(port, tmp_path)
+        assert await asyncio.wait_for(kept, 10) == 1
+        assert await pipe.call("GET", "gave-up") is None
+        assert abandoned.cancelled()
+    finally:
+        await pipe.close(grace_s=0.1)
+        server.terminate()
+        server.wait(10)

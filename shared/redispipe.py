@@ -1,0 +1,249 @@
+"""One pipelined Redis connection per process for the commands on a chat's path.
+
+A redis-py call takes a pooled connection, packs, writes, waits for the reply and gives the
+connection back: one system call each way per command, and a new pooled connection (a TCP
+handshake) whenever a burst needs more than are open. Here a command is queued and the call
+returns; a writer task sends everything queued during one turn of the event loop in one write,
+and a reader task takes the replies off the socket in order. A chat worker sends every job's
+token chunks this way; the gateway its admission and settlement scripts; both read a reply by
+awaiting the call's future.
+
+Ordering: Redis runs one connection's commands in the order they arrive, so everything sent
+through one pipe runs in the order it was sent, without waiting for each reply (a job's tokens,
+then its `done`).
+
+Faults: replies are matched to the calls in flight in order. An error reply goes to the call's
+future, or is logged when the call asked for no reply (a ``NOSCRIPT`` after a ``SCRIPT FLUSH``
+is handled like a lost connection). If the connection drops, the pipe reconnects, loads its
+scripts again and sends again every call not yet answered whose caller still waits: **send only
+commands that may run twice** (a chunk is dropped by its ``seq``; the admission script is
+idempotent per job). A caller that gave up (its future cancelled) is not sent again, though a
+call already written may have run. While Redis is unreachable the calls wait in memory; after
+``down_fail_s`` without Redis, or with ``max_pending`` calls waiting, a new call raises
+:class:`ConnectionError`, so a chat ends instead of buffering forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from redis.asyncio.connection import AbstractConnection, ConnectionPool
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from shared.resp import pack
+
+log = logging.getLogger(__name__)
+
+Reply = asyncio.Future[object]
+
+
+@dataclass(slots=True)
+class _Call:
+    command: bytes  # packed, sent again as is after a reconnect
+    reply: Reply | None  # set to the answer, for the calls that want it
+
+
+class RedisPipe:
+    """Pipelined commands and scripts on one connection; see the module docstring."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        max_pending: int = 100_000,
+        down_fail_s: float = 2.0,
+        client_name: str = "firsttoken-pipe",
+    ) -> None:
+        # Only to parse the URL. No socket timeout: the reader waits on an idle connection
+        # for as long as nothing is sent (redis-py's default of 5 s would end it).
+        # Named, so `CLIENT LIST` shows which connection is the pipe.
+        self._pool = ConnectionPool.from_url(
+            redis_url, socket_timeout=None, client_name=client_name, decode_responses=True
+        )
+        self._scripts: dict[bytes, bytes] = {}  # sha -> source, loaded on every connect
+        self._max_pending = max_pending
+        self._down_fail_s = down_fail_s
+        self._conn: AbstractConnection | None = None
+        self._buffer: list[bytes] = []
+        self._in_flight: deque[_Call] = deque()  # written (or about to be), not yet answered
+        self._wake = asyncio.Event()
+        self._up = asyncio.Event()
+        self._drained = asyncio.Event()  # set whenever nothing waits for a reply
+        self._down_since: float | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.errors = 0
+
+    def script(self, lua: str) -> PipeScript:
+        """A Lua script run by EVALSHA on this pipe (loaded on connect, or at once if up)."""
+        source = lua.encode()
+        sha = hashlib.sha1(source).hexdigest().encode()
+        if sha not in self._scripts:
+            self._scripts[sha] = source
+            if self._up.is_set():  # ahead of any EVALSHA of it: the pipe keeps order
+                self.send((b"SCRIPT", b"LOAD", source))
+        return PipeScript(self, sha)
+
+    @property
+    def connected(self) -> bool:
+        return self._up.is_set()
+
+    async def start(self) -> None:
+        await self._connect()
+        self._task = asyncio.create_task(self._run(), name="redis-pipe")
+
+    def send(self, args: Sequence[bytes], reply: Reply | None = None) -> None:
+        """Queue one command; returns at once (unless Redis is gone: then it raises).
+
+        `reply`, when given, gets the answer (or its error) once it arrives."""
+        if not self._up.is_set():
+            down = time.monotonic() - (self._down_since or time.monotonic())
+            if down > self._down_fail_s:
+                raise ConnectionError(f"Redis has been unreachable for {down:.1f}s")
+        if len(self._in_flight) >= self._max_pending:
+            raise ConnectionError(
+                f"{len(self._in_flight)} commands wait for Redis; it is too slow or unreachable"
+            )
+        call = _Call(pack(args), reply)
+        self._in_flight.append(call)
+        if self._up.is_set():
+            self._buffer.append(call.command)
+            self._wake.set()
+
+    async def call(self, *args: bytes | str) -> object:
+        """Send one command and wait for its answer."""
+        reply: Reply = asyncio.get_running_loop().create_future()
+        self.send([a.encode() if isinstance(a, str) else a for a in args], reply)
+        return await reply
+
+    async def flush(self) -> None:
+        """Wait until every queued call has been answered."""
+        while self._in_flight:
+            self._drained.clear()
+            await self._drained.wait()
+
+    async def close(self, grace_s: float = 2.0) -> None:
+        """Give queued calls `grace_s` to go out, then close the connection."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace_s):
+                await self.flush()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.disconnect()
+
+    # --- internals ------------------------------------------------------------------------
+    async def _connect(self) -> None:
+        conn: AbstractConnection = self._pool.make_connection()  # type: ignore[no-untyped-call]
+        await conn.connect()  # type: ignore[no-untyped-call]
+        for source in self._scripts.values():
+            await conn.send_command("SCRIPT", "LOAD", source)
+            await conn.read_response()
+        self._conn = conn
+        # Everything not answered on the old connection goes again, in order, unless its
+        # caller has stopped waiting.
+        self._in_flight = deque(
+            c for c in self._in_flight if c.reply is None or not c.reply.cancelled()
+        )
+        self._buffer = [call.command for call in self._in_flight]
+        self._down_since = None
+        self._up.set()
+        if self._buffer:
+            self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            conn = self._conn
+            assert conn is not None
+            tasks = {asyncio.create_task(self._read(conn)), asyncio.create_task(self._write(conn))}
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+            # Either side ending means the connection is broken (each loops forever).
+            errors = [t.exception() for t in done if not t.cancelled()]
+            cause = errors[0] if errors else None
+            log.warning("Redis pipe lost its connection (%r); reconnecting", cause)
+            self._up.clear()
+            self._down_since = time.monotonic()
+            with contextlib.suppress(Exception):
+                await conn.disconnect()
+            await self._reconnect()
+
+    async def _reconnect(self) -> None:
+        delay = 0.05
+        while True:
+            try:
+                await self._connect()
+                return
+            except (ConnectionError, OSError, RedisError) as exc:
+                log.warning("Redis pipe cannot reach Redis (%r); retrying", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def _write(self, conn: AbstractConnection) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            data, self._buffer = self._buffer, []
+            if data:
+                await conn.send_packed_command(data, check_health=False)
+
+    async def _read(self, conn: AbstractConnection) -> None:
+        in_flight = self._in_flight
+        while True:
+            try:
+                answer = await conn.read_response()
+            except NoScriptError as exc:
+                # The script cache was flushed under us: reconnect, load the scripts again and
+                # send every call not yet answered, in order.
+                raise ConnectionError("the script cache was flushed") from exc
+            except ResponseError as exc:
+                answer = exc
+            call = in_flight.popleft()
+            if isinstance(answer, ResponseError):
+                if call.reply is not None and not call.reply.done():
+                    call.reply.set_exception(answer)
+                else:
+                    self.errors += 1
+                    log.error("a pipelined Redis call failed: %s", answer)
+            elif call.reply is not None and not call.reply.done():
+                call.reply.set_result(answer)
+            if not in_flight:
+                self._drained.set()
+
+
+class PipeScript:
+    """A Lua script of a :class:`RedisPipe`: :meth:`send` it, or await a call for its answer."""
+
+    __slots__ = ("_pipe", "_sha")
+
+    def __init__(self, pipe: RedisPipe, sha: bytes) -> None:
+        self._pipe = pipe
+        self._sha = sha
+
+    def send(
+        self, keys: Sequence[str], args: Sequence[str | int], reply: Reply | None = None
+    ) -> None:
+        """Queue one run; `reply`, when given, gets the script's answer."""
+        encoded = [s.encode() for s in keys]
+        encoded += [a.encode() if isinstance(a, str) else b"%d" % a for a in args]
+        self._pipe.send((b"EVALSHA", self._sha, b"%d" % len(keys), *encoded), reply)
+
+    async def __call__(self, keys: Sequence[str], args: Sequence[str | int]) -> object:
+        """Run once and wait for the answer (cancelling the wait stops a resend)."""
+        reply: Reply = asyncio.get_running_loop().create_future()
+        self.send(keys, args, reply)
+        return await reply
