@@ -265,7 +265,8 @@ class RateLimiter:
             args += [enqueue.message, key_id, enqueue.owner_ttl_s]
         try:
             async with asyncio.timeout(self._timeout_s):
-                result: Any = await self._admit(keys, args)
+                # Urgent: the chat's first token waits on it.
+                result: Any = await self._admit(keys, args, urgent=True)
         except TimeoutError:
             raise ConnectionError(
                 f"Redis did not answer the admission within {self._timeout_s:.0f}s"

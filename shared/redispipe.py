@@ -98,10 +98,15 @@ class RedisPipe:
         await self._connect()
         self._task = asyncio.create_task(self._run(), name="redis-pipe")
 
-    def send(self, args: Sequence[bytes], reply: Reply | None = None) -> None:
+    def send(
+        self, args: Sequence[bytes], reply: Reply | None = None, *, urgent: bool = False
+    ) -> None:
         """Queue one command; returns at once (unless Redis is gone: then it raises).
 
-        `reply`, when given, gets the answer (or its error) once it arrives."""
+        `reply`, when given, gets the answer (or its error) once it arrives. `urgent` writes
+        it (and whatever was queued before it) now instead of on the writer task's next turn:
+        for the few commands a client waits on (an admission, a chat's first token), a pass
+        of a busy event loop saved; everything else is batched."""
         if not self._up.is_set():
             down = time.monotonic() - (self._down_since or time.monotonic())
             if down > self._down_fail_s:
@@ -114,7 +119,8 @@ class RedisPipe:
         self._in_flight.append(call)
         if self._up.is_set():
             self._buffer.append(call.command)
-            self._wake.set()
+            if not (urgent and self._write_now()):
+                self._wake.set()
 
     async def call(self, *args: bytes | str) -> object:
         """Send one command and wait for its answer."""
@@ -142,6 +148,17 @@ class RedisPipe:
                 await self._conn.disconnect()
 
     # --- internals ------------------------------------------------------------------------
+    def _write_now(self) -> bool:
+        """Hand the buffer to the socket's transport at once; False where redis-py's connection
+        has no stream writer (then the writer task sends it). Order holds: the writer task's
+        own write is synchronous, so whatever it wrote is already ahead of this."""
+        writer = getattr(self._conn, "_writer", None)
+        if writer is None or writer.is_closing():
+            return False
+        data, self._buffer = self._buffer, []
+        writer.writelines(data)
+        return True
+
     async def _connect(self) -> None:
         conn: AbstractConnection = self._pool.make_connection()  # type: ignore[no-untyped-call]
         await conn.connect()  # type: ignore[no-untyped-call]
@@ -235,15 +252,22 @@ class PipeScript:
         self._sha = sha
 
     def send(
-        self, keys: Sequence[str], args: Sequence[str | int], reply: Reply | None = None
+        self,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        reply: Reply | None = None,
+        *,
+        urgent: bool = False,
     ) -> None:
-        """Queue one run; `reply`, when given, gets the script's answer."""
+        """Queue one run; `reply`, when given, gets the script's answer (see RedisPipe.send)."""
         encoded = [s.encode() for s in keys]
         encoded += [a.encode() if isinstance(a, str) else b"%d" % a for a in args]
-        self._pipe.send((b"EVALSHA", self._sha, b"%d" % len(keys), *encoded), reply)
+        self._pipe.send((b"EVALSHA", self._sha, b"%d" % len(keys), *encoded), reply, urgent=urgent)
 
-    async def __call__(self, keys: Sequence[str], args: Sequence[str | int]) -> object:
+    async def __call__(
+        self, keys: Sequence[str], args: Sequence[str | int], *, urgent: bool = False
+    ) -> object:
         """Run once and wait for the answer (cancelling the wait stops a resend)."""
         reply: Reply = asyncio.get_running_loop().create_future()
-        self.send(keys, args, reply)
+        self.send(keys, args, reply, urgent=urgent)
         return await reply

@@ -36,13 +36,21 @@ class RefreshingCache(Generic[K, V]):
 
     async def get(self, key: K, load: Callable[[], Awaitable[V]]) -> V:
         """The value of `key`, from `load()` the first time; see the module docstring."""
+        hit = self.held(key, load)
+        if hit is not None:
+            return hit[0]
+        # shield: a caller that is cancelled must not cancel the load the others await.
+        return await asyncio.shield(self._load(key, load))
+
+    def held(self, key: K, load: Callable[[], Awaitable[V]]) -> tuple[V] | None:
+        """``(value,)`` when one is held, without waiting (a stale one starts its refresh in
+        the background, as in :meth:`get`); None before the first load has finished."""
         held = self._values.get(key)
         if held is None:
-            # shield: a caller that is cancelled must not cancel the load the others await.
-            return await asyncio.shield(self._load(key, load))
+            return None
         if held[0] <= self._clock() and key not in self._loads:
             self._load(key, load)  # refreshed in the background; this caller is not held up
-        return held[1]
+        return (held[1],)
 
     def _load(self, key: K, load: Callable[[], Awaitable[V]]) -> asyncio.Future[V]:
         running = self._loads.get(key)

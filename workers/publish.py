@@ -48,11 +48,13 @@ class JobPublisher:
         self._expiry_set = False
         self.next_seq = 0
 
-    def send(self, message: str) -> None:
+    def send(self, message: str, *, urgent: bool = False) -> None:
         """Queue one chunk on the process's Redis pipe (the first one sets the expiry)."""
         ttl = "0" if self._expiry_set else self._ttl
         self._expiry_set = True
-        self._chunks.send((self._channel, self._stream), (message, self._maxlen, ttl))
+        self._chunks.send(
+            (self._channel, self._stream), (message, self._maxlen, ttl), urgent=urgent
+        )
 
     def start(self, started_at: float, cancel_flag: str) -> asyncio.Future[object]:
         """Announce that the job started (first on the pipe, so before its tokens).
@@ -70,9 +72,11 @@ class JobPublisher:
         return cancelled
 
     def token(self, text: str) -> None:
+        """One token chunk; the answer's first is written at once (the client waits on it)."""
         seq = self.next_seq
         self.next_seq += 1
-        self.send(encode_chunk(CHUNK_TOKEN, encode_token(self._chat_id, seq, text), seq))
+        message = encode_chunk(CHUNK_TOKEN, encode_token(self._chat_id, seq, text), seq)
+        self.send(message, urgent=seq == 0)
 
     def control(self, kind: str, payload: str) -> None:
         self.send(encode_chunk(kind, payload))

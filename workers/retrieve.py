@@ -84,6 +84,11 @@ async def _per_tenant(kind: str, tenant_id: str, load: Any) -> Any:
     return await _tenant_cache.get((kind, tenant_id), load)
 
 
+def _per_tenant_held(kind: str, tenant_id: str, load: Any) -> tuple[Any] | None:
+    """What :func:`_per_tenant` would return, if it is held (no waiting)."""
+    return _tenant_cache.held((kind, tenant_id), load)
+
+
 @dataclass(frozen=True, slots=True)
 class ConversationState:
     found: bool
@@ -103,6 +108,9 @@ class UserSource:
             "prompt", query.tenant_id, lambda: self._load(query)
         )
         return result
+
+    def cached(self, query: Query) -> tuple[dict[str, Any] | None] | None:
+        return _per_tenant_held("prompt", query.tenant_id, lambda: self._load(query))
 
     async def _load(self, query: Query) -> dict[str, Any] | None:
         async with database.sessionmaker()() as session:
@@ -126,11 +134,18 @@ class ConversationSource:
         self.deadline_s = deadline_s
         self.new = new
 
-    async def fetch(self, query: Query) -> ConversationState | None:
+    def cached(self, query: Query) -> tuple[ConversationState | None] | None:
+        """A new conversation (or none) needs no query."""
         if query.conversation_id is None:
-            return None
+            return (None,)
         if self.new:
-            return ConversationState(found=True)
+            return (ConversationState(found=True),)
+        return None
+
+    async def fetch(self, query: Query) -> ConversationState | None:
+        hit = self.cached(query)
+        if hit is not None:
+            return hit[0]
         async with database.sessionmaker()() as session:
             conv = await session.get(Conversation, query.conversation_id)
             # Another tenant's conversation reads as unknown: its existence is not disclosed.
@@ -155,16 +170,28 @@ class KbSource:
         self.top_k = top_k
         self.min_score = min_score
 
-    async def fetch(self, query: Query) -> list[ContextChunk]:
+    def cached(self, query: Query) -> tuple[list[ContextChunk]] | None:
+        """No knowledge base (off, or the tenant's known to be empty): nothing to embed."""
         if self.top_k == 0:
-            return []
-        loop = asyncio.get_running_loop()
+            return ([],)
+        version = _per_tenant_held("kb_version", query.tenant_id, self._version_loader(query))
+        if version is not None and version[0][0] == 0:
+            return ([],)
+        return None
 
+    @staticmethod
+    def _version_loader(query: Query) -> Any:
         async def load_version() -> Any:
             async with database.sessionmaker()() as session:
                 return await kb_version(session, query.tenant_id)
 
-        version = await _per_tenant("kb_version", query.tenant_id, load_version)
+        return load_version
+
+    async def fetch(self, query: Query) -> list[ContextChunk]:
+        if self.top_k == 0:
+            return []
+        loop = asyncio.get_running_loop()
+        version = await _per_tenant("kb_version", query.tenant_id, self._version_loader(query))
         if version[0] == 0:
             return []  # no knowledge base: no embedding, no model load
         # Loaded on the embedding thread: the first load takes ~0.5 s and must not stall

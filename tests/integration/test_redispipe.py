@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -231,3 +232,31 @@ async def test_a_call_whose_caller_gave_up_is_not_sent_again_after_a_reconnect(
         await pipe.close(grace_s=0.1)
         server.terminate()
         server.wait(10)
+
+
+async def test_an_urgent_call_is_written_at_once_with_what_was_queued_before_it(
+    services: Services,
+) -> None:
+    """`urgent` writes without waiting for the writer task: the commands reach Redis while this
+    test holds the event loop (a blocking client polls for them), in the order sent."""
+    import redis
+
+    pipe = RedisPipe(services.redis_url)
+    await pipe.start()
+    key = f"ftpipe{uuid.uuid4().hex[:8]}"
+    sync = redis.Redis.from_url(services.redis_url, decode_responses=True)
+    try:
+        pipe.send([b"RPUSH", key.encode(), b"queued"])
+        pipe.send([b"RPUSH", key.encode(), b"urgent"], urgent=True)
+        got: list[str] = []
+        for _ in range(200):  # the loop does not run in here: only the urgent write got out
+            got = sync.lrange(key, 0, -1)  # type: ignore[assignment]
+            if len(got) == 2:
+                break
+            time.sleep(0.005)  # noqa: ASYNC251 - holding the loop is the point
+        assert got == ["queued", "urgent"]
+        await pipe.flush()
+    finally:
+        sync.delete(key)
+        sync.close()
+        await pipe.close()

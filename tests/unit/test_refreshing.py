@@ -86,3 +86,19 @@ async def test_a_cancelled_caller_does_not_cancel_the_shared_load() -> None:
     load.gate.set()
     assert await second == 1
     assert load.calls == 1
+
+
+async def test_held_answers_without_waiting_and_refreshes_a_stale_value() -> None:
+    clock, load = Clock(), Loader()
+    cache: RefreshingCache[str, int] = RefreshingCache(5.0, clock=clock)
+    assert cache.held("k", load) is None  # nothing held yet, and held() starts no load
+    assert load.calls == 0
+    load.gate.set()
+    assert await cache.get("k", load) == 1
+    assert cache.held("k", load) == (1,)
+    clock.now = 10.0  # stale: still served, and one refresh starts in the background
+    assert cache.held("k", load) == (1,)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert load.calls == 2
+    assert cache.held("k", load) == (2,)
