@@ -1,7 +1,8 @@
 """One websocket connection: reads client frames, starts and cancels jobs, writes frames.
 
-Reading and writing are separate tasks joined by a queue, so the pub/sub reader that fans
-tokens out never waits on one slow client.
+A frame is written from the call that sends it when nothing is queued or being written (the
+common case: see gateway/eager.py); otherwise it waits in a queue for the writer task. So the
+pub/sub reader that fans tokens out never waits on one slow client, and frames keep their order.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from gateway.auth import Principal
+from gateway.eager import Rest, start_eagerly
 from gateway.limits import check_message_chars
 from gateway.ratelimit import Admission, Enqueue
 from gateway.relaystate import RelayState, Step
@@ -81,13 +83,25 @@ class Session:
         self.ws = ws
         self.principal = principal
         self.jobs: dict[str, Job] = {}
-        self._out: asyncio.Queue[str | None] = asyncio.Queue()
+        # Frames for the writer task: text, the rest of a send that had to wait, or None (end).
+        self._out: asyncio.Queue[str | Rest | None] = asyncio.Queue()
+        self._writing = False  # the writer task is inside a send
         self.last_active = time.monotonic()
         self.close_code: int | None = None  # set to close the socket once queued frames are out
 
     # --- outbound ---------------------------------------------------------------------
     def send(self, text: str) -> None:
-        self._out.put_nowait(text)
+        """Write one frame now if the socket is free, else queue it behind the others."""
+        if self._writing or not self._out.empty() or self.close_code is not None:
+            self._out.put_nowait(text)
+            return
+        try:
+            rest = start_eagerly(self.ws.send_text(text))
+        except Exception as exc:  # noqa: BLE001 - the socket is gone; the reader ends the session
+            log.debug("websocket send failed: %r", exc)
+            return
+        if rest is not None:  # flow control: the writer task finishes it before the next frame
+            self._out.put_nowait(rest)
 
     def send_error(self, chat_id: str | None, exc: BaseException) -> None:
         frame = error_frame(chat_id, exc)
@@ -95,14 +109,27 @@ class Session:
         self.send(dumps(frame))
 
     async def _write(self) -> None:
-        while True:
-            text = await self._out.get()
-            if text is None:
-                if self.close_code is not None:
-                    with contextlib.suppress(Exception):
-                        await self.ws.close(self.close_code)
-                return
-            await self.ws.send_text(text)
+        try:
+            while True:
+                item = await self._out.get()
+                if item is None:
+                    if self.close_code is not None:
+                        with contextlib.suppress(Exception):
+                            await self.ws.close(self.close_code)
+                    return
+                self._writing = True
+                try:
+                    if isinstance(item, Rest):
+                        await item
+                    else:
+                        await self.ws.send_text(item)
+                finally:
+                    self._writing = False
+        finally:
+            while not self._out.empty():  # unsent when the connection ended
+                item = self._out.get_nowait()
+                if isinstance(item, Rest):
+                    item.close()
 
     def close_with(self, exc: FirstTokenError, code: int) -> None:
         """End the connection from outside its reader (idle sweep, revoked key)."""

@@ -220,14 +220,18 @@ class ChatRun:
                     return
         else:
             self.points["cache_decided"] = self.points["worker_start"]
-        prepare = self._spawn(retrieve.prepare(self.ctx, self.job))
-        if lookup is not None:
+        if lookup is None:
+            # Nothing to race: awaited in place (a task would cost two passes of the loop,
+            # and with every source cached the stage does not wait at all).
+            prepared = await retrieve.prepare(self.ctx, self.job)
+        else:
+            prepare = self._spawn(retrieve.prepare(self.ctx, self.job))
             await asyncio.wait({lookup, prepare}, return_when=asyncio.FIRST_COMPLETED)
             if await self._served_from_cache(lookup):
                 return
-        prepared = await prepare
-        if lookup is not None and await self._lookup_within_head_start(lookup):
-            return
+            prepared = await prepare
+            if await self._lookup_within_head_start(lookup):
+                return
         self.points["retrieval_done"] = time.time()
         self.model = prepared.model
         self.prompt_tokens = prepared.built.prompt_tokens

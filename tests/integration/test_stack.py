@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from typing import Any
 
@@ -81,6 +82,31 @@ async def test_one_connection_runs_several_chats_at_once(connect: Any) -> None:
         tokens, done = await client.until_end(chat_id)
         assert done["type"] == "done", done
         assert [t["seq"] for t in tokens] == list(range(len(tokens)))
+
+
+async def test_a_client_that_stops_reading_gets_every_frame_later_in_order(
+    connect: Any, stack: Stack
+) -> None:
+    """A client that stops reading: the gateway's sends to it wait (flow control) and the
+    frames after them queue in order; a chat on another connection is not held up."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", stack.gateway_port))
+    sock.setblocking(False)
+    slow = await connect(sock=sock, max_queue=1)
+    # ~6 MB of pongs: past the socket buffers (up to 4 MB here) and the transport's limit.
+    count, pad = 40_000, "x" * 120
+    for i in range(count):
+        await slow.send({"type": "ping", "id": f"{pad}{i}"})
+    fast = await connect()
+    await fast.chat("fast", "not held up by the slow reader")
+    _, done = await fast.until_end("fast")
+    assert done["type"] == "done", done
+    got = []
+    while len(got) < count:
+        frame = json.loads(await asyncio.wait_for(slow.ws.recv(), 20))
+        got.append(frame["id"])
+    assert got == [f"{pad}{i}" for i in range(count)]
 
 
 @pytest.mark.parametrize(
