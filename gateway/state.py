@@ -77,6 +77,7 @@ class Gateway:
         self._workers_checked = 0.0
         self._workers_alive = 0
         self._watchdog: asyncio.Task[None] | None = None
+        self._worker_count: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
     def chat_started(self) -> None:
@@ -96,6 +97,7 @@ class Gateway:
         self.limiter.start()
         self.guard.start(lambda: self.sessions)
         self._watchdog = asyncio.create_task(self._watch())
+        self._worker_count = asyncio.create_task(self._keep_counting_chat_workers())
 
     def _on_key_event(self, message: str) -> None:
         """`revoked <hash> <key_id>` from `firsttoken keys revoke`: forget it, close its sockets."""
@@ -117,25 +119,40 @@ class Gateway:
     async def close(self) -> None:
         await self.guard.close()
         await self.limiter.close()
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            with contextlib.suppress(BaseException):
-                await self._watchdog
+        for task in (self._watchdog, self._worker_count):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         await self.relay.close()
         await self.pipe.close()
         await self.redis.aclose()
         await self.db.dispose()
 
     async def chat_workers(self) -> int:
-        """Chat workers with a fresh heartbeat (cached for one heartbeat interval)."""
-        now = time.time()
-        if now - self._workers_checked >= self.settings.worker_heartbeat_s:
-            horizon = now - 3 * self.settings.worker_heartbeat_s
-            self._workers_alive = int(
-                await self.redis.zcount(self.keys.worker_heartbeats(CHAT_QUEUE), horizon, "+inf")
-            )
-            self._workers_checked = now
+        """Chat workers with a fresh heartbeat, as counted within the last heartbeat interval
+        (by the background count every half interval, so a chat does not wait for it). None
+        counted is counted again at once: a chat is refused on a fresh count only."""
+        stale = time.time() - self._workers_checked >= self.settings.worker_heartbeat_s
+        if stale or not self._workers_alive:
+            await self._count_chat_workers()
         return self._workers_alive
+
+    async def _count_chat_workers(self) -> None:
+        now = time.time()
+        horizon = now - 3 * self.settings.worker_heartbeat_s
+        self._workers_alive = int(
+            await self.redis.zcount(self.keys.worker_heartbeats(CHAT_QUEUE), horizon, "+inf")
+        )
+        self._workers_checked = now
+
+    async def _keep_counting_chat_workers(self) -> None:
+        while True:
+            try:
+                await self._count_chat_workers()
+            except Exception as exc:  # noqa: BLE001 - chats then count inline, and say why
+                log.debug("could not count chat workers: %r", exc)
+            await asyncio.sleep(self.settings.worker_heartbeat_s / 2)
 
     async def chat_workers_alive(self) -> bool:
         return await self.chat_workers() > 0
