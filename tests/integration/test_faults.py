@@ -120,3 +120,49 @@ async def test_gateway_pubsub_cut_mid_stream_loses_no_token(
             f["text"] for f in uncut
         )
         assert len([c for c in admin.client_list() if c["name"] == name]) == 1
+
+
+async def test_redis_pipes_cut_mid_stream_lose_no_token_and_admit_again(
+    services: Services, migrated: str, tmp_path: Path, connect: Any
+) -> None:
+    """Kill the chat worker's and the gateway's pipelined Redis connections mid-answer: the
+    worker sends again what was not answered (the gateway drops repeats by seq), the answer is
+    the same text as an uncut one, and the next chats are admitted on the new connection."""
+    with make_stack(
+        services,
+        migrated,
+        tmp_path,
+        bulk=False,
+        sim_args=("--ttft-ms", "20", "--itl-ms", "40", "--max-tokens", "40"),
+    ) as stack:
+        stack.wait_ready()
+        client = await connect(stack)
+        await client.chat("cut", max_tokens=40)
+        assert (await client.next_for("cut"))["type"] == "accepted"
+        first = await client.next_for("cut")
+        assert first["type"] == "token"
+        admin = stack.redis()
+        pipes = [
+            c
+            for c in admin.client_list()
+            if c["name"].startswith(("firsttoken-worker-", "firsttoken-gateway-"))
+        ]
+        assert {c["name"].rsplit("-", 1)[0] for c in pipes} == {
+            "firsttoken-worker",
+            "firsttoken-gateway",
+        }, pipes
+        for pipe in pipes:
+            admin.client_kill_filter(_id=pipe["id"])
+        frames, done = await client.until_end("cut", timeout=15)
+        assert done["type"] == "done", done
+        seqs = [f["seq"] for f in frames if f["type"] == "token"]
+        assert seqs == list(range(1, len(seqs) + 1)), seqs
+        for chat_id in ("after-1", "after-2"):
+            await client.chat(chat_id, max_tokens=40)
+        uncut, after_done = await client.until_end("after-1", timeout=15)
+        assert after_done["type"] == "done", after_done
+        assert first["text"] + "".join(f["text"] for f in frames) == "".join(
+            f["text"] for f in uncut
+        )
+        _, second = await client.until_end("after-2", timeout=15)
+        assert second["type"] == "done", second
