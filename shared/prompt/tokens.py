@@ -73,14 +73,32 @@ class TiktokenCounter:
         return len(self._enc.encode(text, disallowed_special=()))
 
 
+class RememberingCounter:
+    """A counter that remembers the counts of recent texts up to ``max_chars``: a chat counts
+    its system prompt and question twice (before and after fitting its context), and every chat
+    of a tenant has the same system prompt. Longer texts are counted each time (bounded memory:
+    ``size`` x ``max_chars`` characters at most)."""
+
+    def __init__(self, inner: TokenCounter, *, max_chars: int = 4096, size: int = 1024) -> None:
+        self.name = inner.name
+        self._inner = inner
+        self._max_chars = max_chars
+        self._remembered = lru_cache(maxsize=size)(inner.count)
+
+    def count(self, text: str) -> int:
+        if len(text) > self._max_chars:
+            return self._inner.count(text)
+        return self._remembered(text)
+
+
 _lock = threading.Lock()
 
 
 @lru_cache(maxsize=32)
 def _load(path: str | None) -> TokenCounter:
     if path:
-        return HFTokenizerCounter(path)
-    return TiktokenCounter()
+        return RememberingCounter(HFTokenizerCounter(path))
+    return RememberingCounter(TiktokenCounter())
 
 
 def counter_for(path: str | None) -> TokenCounter:

