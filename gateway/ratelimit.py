@@ -23,12 +23,16 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.errors import RateLimited, Unauthorized
+from shared.errors import Overloaded, RateLimited, Unauthorized
 from shared.keys import Keys
 from shared.limits import WINDOW_MS, Limits
 from shared.redispipe import RedisPipe
 
 log = logging.getLogger(__name__)
+
+# What a client is told to wait when the gateway cannot reach Redis (the pipe reconnects with a
+# backoff of at most 1 s).
+REDIS_RETRY_AFTER_MS = 1000
 
 # Evictions and scans touch at most this many entries per Redis call (Lua's unpack() has a
 # stack limit of a few thousand values).
@@ -268,8 +272,15 @@ class RateLimiter:
                 # Urgent: the chat's first token waits on it.
                 result: Any = await self._admit(keys, args, urgent=True)
         except TimeoutError:
-            raise ConnectionError(
-                f"Redis did not answer the admission within {self._timeout_s:.0f}s"
+            raise Overloaded(
+                f"the gateway's Redis did not answer within {self._timeout_s:g}s; the chat was "
+                "not started: retry shortly",
+                retry_after_ms=REDIS_RETRY_AFTER_MS,
+            ) from None
+        except ConnectionError as exc:
+            raise Overloaded(
+                f"the gateway cannot reach Redis ({exc}); the chat was not started: retry shortly",
+                retry_after_ms=REDIS_RETRY_AFTER_MS,
             ) from None
         status = int(result[0])
         if status == -1:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
 import sys
 import time
 import uuid
@@ -99,3 +101,20 @@ def child_env(**values: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update({f"FIRSTTOKEN_{k.upper()}": v for k, v in values.items()})
     return env
+
+
+def throwaway_redis_server(port: int, workdir: Path) -> subprocess.Popen[bytes]:
+    """A redis-server of the test's own on `port`, to stop and start at will (skips the test
+    where there is no binary)."""
+    import pytest
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("no redis-server binary on this machine")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    wait_until(lambda: port_open(port), 10, what="redis-server")
+    return proc

@@ -6,6 +6,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,13 +15,13 @@ import websockets
 
 from firsttoken.keyscli import create_key
 from gateway.ratelimit import Enqueue, RateLimiter
-from shared.errors import RateLimited, Unauthorized
+from shared.errors import Overloaded, RateLimited, Unauthorized
 from shared.keys import Keys
 from shared.limits import Limits
 from shared.redispipe import RedisPipe
 from shared.settings import Settings, load_settings
 from tests.integration.conftest import Services, Stack, make_stack
-from tests.support import free_port, port_open, wait_until
+from tests.support import free_port, port_open, throwaway_redis_server, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -246,3 +247,42 @@ async def test_three_gateways_admit_exactly_the_key_rpm(
         assert len(accepted) == 100, [f for f in frames if f["type"] != "accepted"][:3]
         assert len(limited) == 200, [f for f in frames if f.get("code") != "rate_limited"][:3]
         assert all(0 < f["retry_after_ms"] <= 60_000 for f in limited)
+
+
+async def test_redis_out_of_reach_refuses_the_chat_as_overloaded_with_a_retry_hint(
+    tmp_path: Path,
+) -> None:
+    """Redis stopped: an admission waits at most the limiter's timeout, then `overloaded` with
+    retry_after_ms; once Redis has been gone past the pipe's limit, at once."""
+    port = free_port()
+    server = throwaway_redis_server(port, tmp_path)
+    pipe = RedisPipe(f"redis://127.0.0.1:{port}/0", down_fail_s=1.0)
+    await pipe.start()
+    lim = RateLimiter(pipe, Keys("ftrl-down"), lease_s=1.0, timeout_s=0.3)
+
+    async def admit() -> None:
+        await lim.admit(
+            job_id=uuid.uuid4().hex, key_id="k", tenant_id="t", limits=Limits(), tokens=1,
+            prompt_estimate=0,
+        )  # fmt: skip
+
+    try:
+        await admit()
+        server.terminate()
+        server.wait(10)
+        deadline = asyncio.get_running_loop().time() + 5
+        while pipe.connected:
+            assert asyncio.get_running_loop().time() < deadline, "the pipe missed Redis going"
+            await asyncio.sleep(0.01)
+        with pytest.raises(Overloaded, match=r"did not answer within 0\.3s") as waited:
+            await admit()
+        await asyncio.sleep(1.0)
+        with pytest.raises(Overloaded, match="cannot reach Redis") as refused:
+            await admit()
+        for info in (waited, refused):
+            assert info.value.retry_after_ms == 1000
+            assert "retry shortly" in info.value.message
+    finally:
+        await pipe.close(grace_s=0.1)
+        server.terminate()
+        server.wait(10)

@@ -5,8 +5,6 @@ up is not sent again."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,7 +16,7 @@ import redis.asyncio as aioredis
 from shared.redispipe import PipeScript, RedisPipe
 from shared.resp import pack
 from tests.integration.conftest import Services
-from tests.support import free_port, port_open, wait_until
+from tests.support import free_port, throwaway_redis_server
 from workers.publish import SEND_LUA
 
 
@@ -188,26 +186,13 @@ async def test_plain_commands_are_answered_in_order_with_the_scripts(services: S
         await pipe.close()
 
 
-def _redis_server(port: int, workdir: Path) -> subprocess.Popen[bytes]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("no redis-server binary on this machine")
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    wait_until(lambda: port_open(port), 10, what="redis-server")
-    return proc
-
-
 async def test_a_call_whose_caller_gave_up_is_not_sent_again_after_a_reconnect(
     tmp_path: Path,
 ) -> None:
     """While Redis is down, calls wait; once it is back, only those whose caller still waits
     are sent: an admission the client was already told had failed must not run later."""
     port = free_port()
-    server = _redis_server(port, tmp_path)
+    server = throwaway_redis_server(port, tmp_path)
     url = f"redis://127.0.0.1:{port}/0"
     pipe = RedisPipe(url, down_fail_s=30)
     try:
@@ -224,7 +209,7 @@ async def test_a_call_whose_caller_gave_up_is_not_sent_again_after_a_reconnect(
         kept = asyncio.ensure_future(pipe.call("INCR", "waited"))
         await asyncio.sleep(0.05)
         abandoned.cancel()
-        server = _redis_server(port, tmp_path)
+        server = throwaway_redis_server(port, tmp_path)
         assert await asyncio.wait_for(kept, 10) == 1
         assert await pipe.call("GET", "gave-up") is None
         assert abandoned.cancelled()
