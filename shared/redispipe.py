@@ -260,8 +260,7 @@ class PipeScript:
         urgent: bool = False,
     ) -> None:
         """Queue one run; `reply`, when given, gets the script's answer (see RedisPipe.send)."""
-        encoded = [s.encode() for s in keys]
-        encoded += [a.encode() if isinstance(a, str) else b"%d" % a for a in args]
+        encoded = [a.encode() if isinstance(a, str) else b"%d" % a for a in (*keys, *args)]
         self._pipe.send((b"EVALSHA", self._sha, b"%d" % len(keys), *encoded), reply, urgent=urgent)
 
     async def __call__(

@@ -103,9 +103,9 @@ def child_env(**values: str) -> dict[str, str]:
     return env
 
 
-def throwaway_redis_server(port: int, workdir: Path) -> subprocess.Popen[bytes]:
-    """A redis-server of the test's own on `port`, to stop and start at will (skips the test
-    where there is no binary)."""
+def throwaway_redis_server(port: int, workdir: Path, *options: str) -> subprocess.Popen[bytes]:
+    """A redis-server of the test's own on `port` (more `options` appended: a password, say),
+    to stop and start at will; skips the test where there is no binary."""
     import pytest
 
     binary = shutil.which("redis-server")
@@ -113,7 +113,7 @@ def throwaway_redis_server(port: int, workdir: Path) -> subprocess.Popen[bytes]:
         pytest.skip("no redis-server binary on this machine")
     proc = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(workdir)],
+         "--dir", str(workdir), *options],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
     wait_until(lambda: port_open(port), 10, what="redis-server")

@@ -14,6 +14,36 @@ from tests.integration.conftest import Services, make_stack
 pytestmark = pytest.mark.integration
 
 
+# Long enough to cut a connection in the middle of it: 40 tokens, 40 ms apart.
+LONG_ANSWER = ("--ttft-ms", "20", "--itl-ms", "40", "--max-tokens", "40")
+
+
+async def _start_long_chat(client: Any, chat_id: str) -> dict[str, Any]:
+    """Start a 40-token chat; its first token frame."""
+    await client.chat(chat_id, max_tokens=40)
+    assert (await client.next_for(chat_id))["type"] == "accepted"
+    first: dict[str, Any] = await client.next_for(chat_id)
+    assert first["type"] == "token"
+    return first
+
+
+async def _rest_in_order(client: Any, chat_id: str) -> list[dict[str, Any]]:
+    """The rest of a chat whose first token was read: every seq once, in order, then done."""
+    frames, done = await client.until_end(chat_id, timeout=15)
+    assert done["type"] == "done", done
+    seqs = [f["seq"] for f in frames if f["type"] == "token"]
+    assert seqs == list(range(1, len(seqs) + 1)), seqs
+    return list(frames)
+
+
+async def _uncut_text(client: Any, chat_id: str) -> str:
+    """The same prompt's answer, run without a fault (the simulator is deterministic)."""
+    await client.chat(chat_id, max_tokens=40)
+    uncut, done = await client.until_end(chat_id, timeout=15)
+    assert done["type"] == "done", done
+    return "".join(f["text"] for f in uncut)
+
+
 async def test_no_chat_worker_means_overloaded_at_once(
     services: Services, migrated: str, tmp_path: Path, connect: Any
 ) -> None:
@@ -94,14 +124,11 @@ async def test_gateway_pubsub_cut_mid_stream_loses_no_token(
         migrated,
         tmp_path,
         bulk=False,
-        sim_args=("--ttft-ms", "20", "--itl-ms", "40", "--max-tokens", "40"),
+        sim_args=LONG_ANSWER,
     ) as stack:
         stack.wait_ready()
         client = await connect(stack)
-        await client.chat("cut", max_tokens=40)
-        assert (await client.next_for("cut"))["type"] == "accepted"
-        first = await client.next_for("cut")
-        assert first["type"] == "token"
+        first = await _start_long_chat(client, "cut")
         admin = stack.redis()
         # The gateway's control channel is named after its pid, and so is its relay connection.
         (control,) = admin.pubsub_channels(f"{stack.prefix}:gw:*")
@@ -109,16 +136,9 @@ async def test_gateway_pubsub_cut_mid_stream_loses_no_token(
         relays = [c for c in admin.client_list() if c["name"] == name]
         assert len(relays) == 1, relays
         admin.client_kill_filter(_id=relays[0]["id"])
-        frames, done = await client.until_end("cut", timeout=15)
-        assert done["type"] == "done", done
-        seqs = [f["seq"] for f in frames if f["type"] == "token"]
-        assert seqs == list(range(1, len(seqs) + 1)), seqs
-        # The same prompt gives the same text: compare with an uncut run.
-        await client.chat("uncut", max_tokens=40)
-        uncut, _ = await client.until_end("uncut", timeout=15)
-        assert first["text"] + "".join(f["text"] for f in frames) == "".join(
-            f["text"] for f in uncut
-        )
+        frames = await _rest_in_order(client, "cut")
+        text = first["text"] + "".join(f["text"] for f in frames)
+        assert text == await _uncut_text(client, "uncut")
         assert len([c for c in admin.client_list() if c["name"] == name]) == 1
 
 
@@ -133,14 +153,11 @@ async def test_redis_pipes_cut_mid_stream_lose_no_token_and_admit_again(
         migrated,
         tmp_path,
         bulk=False,
-        sim_args=("--ttft-ms", "20", "--itl-ms", "40", "--max-tokens", "40"),
+        sim_args=LONG_ANSWER,
     ) as stack:
         stack.wait_ready()
         client = await connect(stack)
-        await client.chat("cut", max_tokens=40)
-        assert (await client.next_for("cut"))["type"] == "accepted"
-        first = await client.next_for("cut")
-        assert first["type"] == "token"
+        first = await _start_long_chat(client, "cut")
         admin = stack.redis()
         pipes = [
             c
@@ -153,16 +170,8 @@ async def test_redis_pipes_cut_mid_stream_lose_no_token_and_admit_again(
         }, pipes
         for pipe in pipes:
             admin.client_kill_filter(_id=pipe["id"])
-        frames, done = await client.until_end("cut", timeout=15)
-        assert done["type"] == "done", done
-        seqs = [f["seq"] for f in frames if f["type"] == "token"]
-        assert seqs == list(range(1, len(seqs) + 1)), seqs
-        for chat_id in ("after-1", "after-2"):
-            await client.chat(chat_id, max_tokens=40)
-        uncut, after_done = await client.until_end("after-1", timeout=15)
-        assert after_done["type"] == "done", after_done
-        assert first["text"] + "".join(f["text"] for f in frames) == "".join(
-            f["text"] for f in uncut
-        )
-        _, second = await client.until_end("after-2", timeout=15)
-        assert second["type"] == "done", second
+        frames = await _rest_in_order(client, "cut")
+        text = first["text"] + "".join(f["text"] for f in frames)
+        # Admitted on the new connections, one after the other.
+        assert text == await _uncut_text(client, "after-1")
+        assert text == await _uncut_text(client, "after-2")

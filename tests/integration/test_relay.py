@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import ssl
-import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,7 +15,7 @@ import redis.asyncio as aioredis
 
 from gateway.relay import RedisAddress, Relay, pack
 from tests.integration.conftest import Services
-from tests.support import free_port, port_open, wait_until
+from tests.support import free_port, throwaway_redis_server
 
 
 @pytest.fixture
@@ -147,17 +145,9 @@ async def test_killed_connection_comes_back_subscribed(
 @pytest.fixture
 def password_redis(tmp_path: Path) -> Iterator[int]:
     """A throwaway redis-server that wants a password (skipped where there is no binary)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("no redis-server binary on this machine")
     port = free_port()
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--requirepass", "s3cret", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+    proc = throwaway_redis_server(port, tmp_path, "--requirepass", "s3cret")
     try:
-        wait_until(lambda: port_open(port), 10, what="redis-server")
         yield port
     finally:
         proc.terminate()
