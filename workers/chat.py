@@ -91,6 +91,7 @@ async def warm_chat_worker() -> None:
     try:
         async with asyncio.timeout(5):
             await database.warm()
+            await retrieve.warm_queries()
     except Exception as exc:  # noqa: BLE001 - chats work without the database; it may be down
         log.warning("database not reachable at start-up (%s); chats go on without it", exc)
     await cache_stage.warm()

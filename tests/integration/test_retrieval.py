@@ -78,3 +78,39 @@ async def test_sources_run_concurrently_and_failures_degrade() -> None:
     assert 0.35 <= elapsed < 0.5
     assert [r.status for r in results.values()] == ["ok", "ok", "ok", "error"]
     assert results["b"].value == "b"
+
+
+async def test_start_up_compiles_every_source_query(
+    services: Services, migrated: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After `warm_queries` (a worker's start-up), the first chat of a tenant runs only
+    statements SQLAlchemy has already compiled, and the warm-up itself caches no tenant."""
+    from sqlalchemy import event
+    from sqlalchemy.engine.default import CACHE_HIT
+
+    from workers import retrieve
+    from workers.db import Database
+
+    db = Database(services.database_url)
+    monkeypatch.setattr(retrieve, "database", db)
+    _, tenant_id, _ = await new_tenant(services.database_url)
+    db.sessionmaker()
+    assert db._engine is not None
+    try:
+        await retrieve.warm_queries()
+        assert retrieve._tenant_cache.held(("prompt", retrieve.WARM_UP_TENANT), None) is None
+        hits: list[object] = []
+
+        @event.listens_for(db._engine.sync_engine, "after_cursor_execute")
+        def seen(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+            hits.append(context.cache_hit)
+
+        query = Query(tenant_id, "hello", f"conv-{tenant_id}")
+        await retrieve.UserSource(1.0)._load(query)
+        await retrieve.KbSource._version_loader(query)()
+        state = await retrieve.ConversationSource(1.0, new=False).fetch(query)
+        assert state is not None and not state.found  # no such conversation
+        assert len(hits) == 3
+        assert all(hit is CACHE_HIT for hit in hits), hits
+    finally:
+        await db.close()
