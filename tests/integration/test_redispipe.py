@@ -245,3 +245,35 @@ async def test_an_urgent_call_is_written_at_once_with_what_was_queued_before_it(
         sync.delete(key)
         sync.close()
         await pipe.close()
+
+
+async def test_linger_holds_chunks_until_an_awaited_call_or_urgent_one(services: Services) -> None:
+    """With a linger (here 30 s, far past anything the test waits), chunks nobody awaits stay
+    in the process; a call with a reply, or an urgent one, writes them at once, in order."""
+    key = f"ftlinger{uuid.uuid4().hex[:8]}"
+    pipe = RedisPipe(services.redis_url, client_name="ftpipe-linger", linger_s=30.0)
+    await pipe.start()
+    client = aioredis.Redis.from_url(services.redis_url, decode_responses=True)
+    try:
+        pipe.send((b"RPUSH", key.encode(), b"a"))
+        pipe.send((b"RPUSH", key.encode(), b"b"))
+        for _ in range(20):  # turns of the loop: the writer is lingering, not writing
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.05)
+        assert await client.llen(key) == 0
+        # An awaited call goes out at once, behind what was held.
+        async with asyncio.timeout(5):
+            assert await pipe.call("LRANGE", key, "0", "-1") == ["a", "b"]
+        pipe.send((b"RPUSH", key.encode(), b"c"))
+        await asyncio.sleep(0.05)
+        assert await client.llen(key) == 2
+        pipe.send((b"RPUSH", key.encode(), b"d"), urgent=True)  # a chat's first token
+        for _ in range(500):  # up to 5 s; the writer task would have waited 30
+            if await client.llen(key) == 4:
+                break
+            await asyncio.sleep(0.01)
+        assert await client.lrange(key, 0, -1) == ["a", "b", "c", "d"]
+    finally:
+        await pipe.close(grace_s=0.5)
+        await client.delete(key)
+        await client.aclose()
