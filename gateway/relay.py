@@ -1,12 +1,9 @@
 """One Redis pub/sub connection per gateway process, fanned out to jobs by channel.
 
 The connection is a bare asyncio protocol with a hiredis reader: a message is parsed and
-handed to its job's handler inside the callback that read it, and `subscribe` writes its
-command at once, without awaiting anything. (redis-py's PubSub costs a task switch or two per
-command and ~1/5 of the gateway's CPU per message at 50 streams.) An `unsubscribe` drops the
-channel's messages at once and waits up to UNSUBSCRIBE_LINGER_S to go out with the next
-SUBSCRIBE, in one write (at 50 streams the two writes per chat were 9% of the gateway's CPU
-samples).
+handed to its job's handler inside the callback that read it, and `subscribe` / `unsubscribe`
+write their command at once, without awaiting anything. (redis-py's PubSub costs a task
+switch or two per command and ~1/5 of the gateway's CPU per message at 50 streams.)
 
 Ordering is what keeps pub/sub (at-most-once) from losing a job's first token: the gateway
 writes SUBSCRIBE on this connection before it enqueues the job on another one. Redis has
@@ -42,9 +39,6 @@ CONFIRM_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
 # Channels per SUBSCRIBE when subscribing to everything again after a reconnect.
 RESUBSCRIBE_BATCH = 1000
-# Longest an UNSUBSCRIBE waits for a SUBSCRIBE to share its write (the channel's messages
-# are dropped from the moment of `unsubscribe`; Redis only stops sending them later).
-UNSUBSCRIBE_LINGER_S = 0.01
 
 
 class RedisAddress:
@@ -135,8 +129,6 @@ class Relay:
         self.on_reconnect = on_reconnect
         self._handlers: dict[bytes, Handler] = {}
         self._confirm: dict[bytes, asyncio.Future[None]] = {}
-        self._unsubscribes: list[bytes] = []  # channels to unsubscribe on the next write
-        self._unsubscribe_timer: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
         self._protocol: _Protocol | None = None
         self._reconnecting: asyncio.Task[None] | None = None
@@ -150,7 +142,6 @@ class Relay:
 
     async def close(self) -> None:
         self._closed = True
-        self._take_unsubscribes()
         if self._reconnecting is not None:
             self._reconnecting.cancel()
             with contextlib.suppress(BaseException):
@@ -174,11 +165,7 @@ class Relay:
         name = channel.encode()
         self._handlers[name] = handler
         if self._transport is not None:
-            command = pack((b"SUBSCRIBE", name))
-            if self._unsubscribes:  # first, so a channel unsubscribed and taken again stays
-                self._transport.writelines((self._take_unsubscribes(), command))
-            else:
-                self._transport.write(command)
+            self._transport.write(pack((b"SUBSCRIBE", name)))
 
     async def subscribe_confirmed(self, channel: str, handler: Handler) -> None:
         """Subscribe and wait until Redis has acknowledged it (at most 5 s)."""
@@ -197,24 +184,7 @@ class Relay:
     def unsubscribe(self, channel: str) -> None:
         name = channel.encode()
         if self._handlers.pop(name, None) is not None and self._transport is not None:
-            self._unsubscribes.append(name)
-            if self._unsubscribe_timer is None:
-                self._unsubscribe_timer = asyncio.get_running_loop().call_later(
-                    UNSUBSCRIBE_LINGER_S, self._write_unsubscribes
-                )
-
-    def _take_unsubscribes(self) -> bytes:
-        """One UNSUBSCRIBE of every channel waiting for it."""
-        names, self._unsubscribes = self._unsubscribes, []
-        if self._unsubscribe_timer is not None:
-            self._unsubscribe_timer.cancel()
-            self._unsubscribe_timer = None
-        return pack((b"UNSUBSCRIBE", *names))
-
-    def _write_unsubscribes(self) -> None:
-        self._unsubscribe_timer = None
-        if self._unsubscribes and self._transport is not None:
-            self._transport.write(self._take_unsubscribes())
+            self._transport.write(pack((b"UNSUBSCRIBE", name)))
 
     # --- connection ---------------------------------------------------------------------
     async def _connect(self) -> None:
@@ -226,7 +196,6 @@ class Relay:
         self._transport, self._protocol = transport, protocol
         self._connected_at = asyncio.get_running_loop().time()
         transport.writelines(self._address.handshake(self._client_name))
-        self._take_unsubscribes()  # a new connection has none of the old channels
         names = list(self._handlers)  # every channel again, after a reconnect
         for i in range(0, len(names), RESUBSCRIBE_BATCH):
             transport.write(pack((b"SUBSCRIBE", *names[i : i + RESUBSCRIBE_BATCH])))
