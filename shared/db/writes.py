@@ -39,14 +39,14 @@ async def insert_ignore(
         return 0
     name = session.get_bind().dialect.name
     if name == "postgresql":
-        pg_stmt = postgresql.insert(table).values(list(rows))
-        stmt: Any = pg_stmt.on_conflict_do_nothing(index_elements=list(conflict))
+        stmt: Any = postgresql.insert(table).on_conflict_do_nothing(index_elements=list(conflict))
     elif name == "sqlite":
-        lite_stmt = sqlite.insert(table).values(list(rows))
-        stmt = lite_stmt.on_conflict_do_nothing(index_elements=list(conflict))
+        stmt = sqlite.insert(table).on_conflict_do_nothing(index_elements=list(conflict))
     else:  # pragma: no cover - the two supported databases
         raise NotImplementedError(f"no idempotent insert for dialect {name!r}")
-    result = await session.execute(stmt.returning(*table.primary_key.columns))
+    # The rows as parameters, not in the statement: one compiled statement for every batch
+    # (rows in `values()` made each one uncacheable), sent as one multi-row INSERT.
+    result = await session.execute(stmt.returning(*table.primary_key.columns), list(rows))
     return len(result.all())
 
 

@@ -122,6 +122,35 @@ async def test_insert_usage_is_idempotent(sessions: async_sessionmaker[AsyncSess
     assert rows[0].model == "sim" and rows[0].completion_tokens == 20
 
 
+async def test_usage_batches_share_one_compiled_insert(
+    engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """A batch of usage rows is one INSERT whose compiled form is reused by every later batch,
+    whatever its size, and rows already written are skipped and not counted."""
+    from sqlalchemy import event
+    from sqlalchemy.engine.default import CACHE_HIT
+
+    from shared.db.writes import insert_usage_rows
+
+    seen: list[tuple[object, int]] = []
+
+    def after(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        if "usage_events" in statement:
+            seen.append((context.cache_hit, statement.count("request_id")))
+
+    event.listen(engine.sync_engine, "after_cursor_execute", after)
+    try:
+        async with sessions.begin() as s:
+            assert await insert_usage_rows(s, [usage(f"req-b1-{i}") for i in range(3)]) == 3
+        async with sessions.begin() as s:
+            batch = [usage("req-b1-0"), *(usage(f"req-b2-{i}") for i in range(4))]
+            assert await insert_usage_rows(s, batch) == 4  # req-b1-0 was already there
+    finally:
+        event.remove(engine.sync_engine, "after_cursor_execute", after)
+    assert seen[-1][0] is CACHE_HIT, seen  # the 5-row batch reused the 3-row batch's statement
+    assert len(seen) == 2  # one statement per batch
+
+
 async def test_usage_daily_rolls_up(sessions: async_sessionmaker[AsyncSession]) -> None:
     """usage_daily sums requests, cached hits, tokens and errors per UTC day, tenant and model."""
     tenant = f"t-daily-{time.monotonic_ns()}"
