@@ -52,12 +52,6 @@ class RefreshingCache(Generic[K, V]):
             self._load(key, load)  # refreshed in the background; this caller is not held up
         return (held[1],)
 
-    def put(self, key: K, value: V) -> None:
-        """Hold `value` as freshly loaded (a cache filled ahead of its first request)."""
-        if len(self._values) >= self.max_keys and key not in self._values:
-            self._values.clear()
-        self._values[key] = (self._clock() + self.ttl_s, value)
-
     def _load(self, key: K, load: Callable[[], Awaitable[V]]) -> asyncio.Future[V]:
         running = self._loads.get(key)
         if running is not None:
@@ -69,7 +63,9 @@ class RefreshingCache(Generic[K, V]):
 
     async def _store(self, key: K, load: Callable[[], Awaitable[V]]) -> V:
         value = await load()
-        self.put(key, value)
+        if len(self._values) >= self.max_keys and key not in self._values:
+            self._values.clear()
+        self._values[key] = (self._clock() + self.ttl_s, value)
         return value
 
     def _settle(self, key: K, done: asyncio.Future[V]) -> None:

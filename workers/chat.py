@@ -94,13 +94,6 @@ async def warm_chat_worker() -> None:
             await retrieve.warm_queries()
     except Exception as exc:  # noqa: BLE001 - chats work without the database; it may be down
         log.warning("database not reachable at start-up (%s); chats go on without it", exc)
-    else:
-        try:
-            async with asyncio.timeout(10):
-                held = await retrieve.preload_tenants()
-            log.info("tenant rows of %d tenants held", held)
-        except Exception as exc:  # noqa: BLE001 - each tenant's first chat loads its own
-            log.warning("tenant rows not preloaded (%r); each tenant's first chat loads them", exc)
     await cache_stage.warm()
 
 

@@ -31,11 +31,11 @@ from typing import Any
 from sqlalchemy import select
 
 from shared.conversation import StoredMessage, Window, WindowRules, select_window
-from shared.db.models import Conversation, MessageRow, Tenant, TenantPrompt
+from shared.db.models import Conversation, MessageRow, TenantPrompt
 from shared.embeddings.base import Embedder
 from shared.errors import ConfigError, InvalidRequest
 from shared.kb.index import KbIndexes
-from shared.kb.store import kb_version, kb_versions, load_chunks
+from shared.kb.store import kb_version, load_chunks
 from shared.keys import SUMMARIZE_QUEUE, SUMMARIZE_TASK
 from shared.models import ModelTable
 from shared.prompt import (
@@ -115,21 +115,16 @@ class UserSource:
     async def _load(self, query: Query) -> dict[str, Any] | None:
         async with database.sessionmaker()() as session:
             row = await session.get(TenantPrompt, query.tenant_id)
-        return _prompt_fields(row)
-
-
-def _prompt_fields(row: TenantPrompt | None) -> dict[str, Any] | None:
-    """What the `user` source answers for a tenant's prompt row (None: the tenant has none)."""
-    if row is None:
-        return None
-    data: dict[str, Any] = {
-        "role": row.role,
-        "output_format": row.output_format,
-        "route_policy": row.route_policy,
-    }
-    if row.constraints:
-        data["constraints"] = json.loads(row.constraints)
-    return {k: v for k, v in data.items() if v is not None}
+        if row is None:
+            return None
+        data: dict[str, Any] = {
+            "role": row.role,
+            "output_format": row.output_format,
+            "route_policy": row.route_policy,
+        }
+        if row.constraints:
+            data["constraints"] = json.loads(row.constraints)
+        return {k: v for k, v in data.items() if v is not None}
 
 
 class ConversationSource:
@@ -364,32 +359,6 @@ async def warm_queries() -> None:
         KbSource._version_loader(query)(),
         ConversationSource(0.0, new=False).fetch(query),
     )
-
-
-# Tenants whose rows a worker loads at start-up (the most recently created first); any other
-# tenant's are loaded by its first chat on that worker.
-PRELOAD_TENANTS = 10_000
-
-
-async def preload_tenants(limit: int = PRELOAD_TENANTS) -> int:
-    """Hold every tenant's prompt row and knowledge-base version before the first chat (a
-    worker's start-up): three queries instead of two per tenant on its first chat, and a
-    restarted worker that takes a burst does not make the burst wait on them (measured: a
-    50-chat burst on a worker without them waited 28-53 ms in retrieval for its tenant's rows).
-    Returns how many tenants are held."""
-    newest = (Tenant.created_at.desc(), Tenant.id)  # a total order: the same tenants each time
-    recent = select(Tenant.id).order_by(*newest).limit(limit).subquery()
-    async with database.sessionmaker()() as session:
-        ids = [str(i) for i in await session.scalars(select(recent.c.id))]
-        prompts = await session.scalars(
-            select(TenantPrompt).join(recent, TenantPrompt.tenant_id == recent.c.id)
-        )
-        rows = {row.tenant_id: row for row in prompts}
-        versions = await kb_versions(session, recent)
-    for tenant_id in ids:
-        _tenant_cache.put(("prompt", tenant_id), _prompt_fields(rows.get(tenant_id)))
-        _tenant_cache.put(("kb_version", tenant_id), versions.get(tenant_id, (0, 0)))
-    return len(ids)
 
 
 # --- the stage ---------------------------------------------------------------------------------

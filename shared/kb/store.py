@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import Subquery, delete, func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.db.models import KbChunk, KbDocument
@@ -102,17 +102,6 @@ async def kb_version(session: AsyncSession, tenant_id: str) -> tuple[int, int]:
         )
     ).one()
     return int(row[0]), int(row[1])
-
-
-async def kb_versions(session: AsyncSession, tenant_ids: Subquery) -> dict[str, tuple[int, int]]:
-    """:func:`kb_version` of every tenant in `tenant_ids` (a subquery with an ``id`` column)
-    that has chunks, in one query; a tenant left out has none: ``(0, 0)``."""
-    rows = await session.execute(
-        select(KbChunk.tenant_id, func.count(KbChunk.id), func.coalesce(func.max(KbChunk.id), 0))
-        .join(tenant_ids, KbChunk.tenant_id == tenant_ids.c.id)
-        .group_by(KbChunk.tenant_id)
-    )
-    return {str(tenant): (int(count), int(top)) for tenant, count, top in rows}
 
 
 async def load_chunks(

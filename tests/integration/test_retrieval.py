@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -113,73 +112,5 @@ async def test_start_up_compiles_every_source_query(
         assert state is not None and not state.found  # no such conversation
         assert len(hits) == 3
         assert all(hit is CACHE_HIT for hit in hits), hits
-    finally:
-        await db.close()
-
-
-async def test_start_up_holds_every_tenants_rows_as_their_first_chat_would_load_them(
-    services: Services, migrated: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`preload_tenants` (a worker's start-up) holds each tenant's prompt row and knowledge-base
-    version, equal to what the tenant's first chat would have loaded, so no chat waits on them."""
-    from shared.db.models import KbChunk, KbDocument, TenantPrompt
-    from shared.db.session import make_engine, make_sessionmaker
-    from shared.refreshing import RefreshingCache
-    from workers import retrieve
-    from workers.db import Database
-
-    _, with_prompt, _ = await new_tenant(services.database_url)
-    _, with_kb, _ = await new_tenant(services.database_url)
-    _, plain, _ = await new_tenant(services.database_url)
-    engine = make_engine(services.database_url)
-    try:
-        async with make_sessionmaker(engine)() as session:
-            session.add(
-                TenantPrompt(tenant_id=with_prompt, role="a pirate", constraints='["say arr"]')
-            )
-            doc = uuid.uuid4().hex
-            session.add(
-                KbDocument(id=doc, tenant_id=with_kb, name="d", sha256=doc * 2, chars=9, chunks=2)
-            )
-            await session.flush()
-            session.add_all(
-                KbChunk(
-                    document_id=doc,
-                    tenant_id=with_kb,
-                    position=i,
-                    text=f"chunk {i}",
-                    embedding=b"\0" * 8,
-                    embed_model="test",
-                )
-                for i in range(2)
-            )
-            await session.commit()
-    finally:
-        await engine.dispose()
-
-    db = Database(services.database_url)
-    monkeypatch.setattr(retrieve, "database", db)
-    monkeypatch.setattr(retrieve, "_tenant_cache", RefreshingCache(retrieve.TENANT_CACHE_S))
-    try:
-        assert await retrieve.preload_tenants() >= 3
-        for tenant in (with_prompt, with_kb, plain):
-            query = Query(tenant, "hello")
-            user = retrieve.UserSource(1.0)
-            kb_load = retrieve.KbSource._version_loader(query)
-            assert retrieve._tenant_cache.held(("prompt", tenant), None) == (
-                await user._load(query),
-            )
-            assert retrieve._tenant_cache.held(("kb_version", tenant), None) == (await kb_load(),)
-        assert retrieve._tenant_cache.held(("prompt", with_prompt), None) == (
-            {"role": "a pirate", "constraints": ["say arr"]},
-        )
-        version = retrieve._tenant_cache.held(("kb_version", with_kb), None)
-        assert version is not None and version[0][0] == 2
-        assert retrieve._tenant_cache.held(("kb_version", plain), None) == ((0, 0),)
-        # The newest tenants first: a limit of one holds only the last one created.
-        monkeypatch.setattr(retrieve, "_tenant_cache", RefreshingCache(retrieve.TENANT_CACHE_S))
-        assert await retrieve.preload_tenants(limit=1) == 1
-        assert retrieve._tenant_cache.held(("prompt", plain), None) == (None,)
-        assert retrieve._tenant_cache.held(("prompt", with_kb), None) is None
     finally:
         await db.close()
