@@ -12,8 +12,8 @@ Lingering: with ``linger_s`` the writer waits that long after the first queued c
 it writes, so the commands of many chats go out in one write and Redis wakes once for them
 (like Kafka's ``linger.ms``). It applies only to calls nobody waits on (token chunks after a
 chat's first, `done`); a call with a reply future, or an ``urgent`` one, writes the buffer
-at once as without it. In a chat worker at 25 streams, 2 ms measured 8% less worker CPU and
-35% less Redis CPU per token.
+at once as without it. In a chat worker at 25 streams, 2 ms measured about a quarter less
+Redis CPU per token (scripts/bench_worker_cpu.py; the worker's own CPU moved within its noise).
 
 Ordering: Redis runs one connection's commands in the order they arrive, so everything sent
 through one pipe runs in the order it was sent, without waiting for each reply (a job's tokens,
