@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from shared.keys import CHAT_QUEUE, Keys
-from tests.integration.conftest import Services, make_stack
+from tests.integration.conftest import Services, Stack, make_stack
 
 pytestmark = pytest.mark.integration
 
@@ -18,22 +20,30 @@ pytestmark = pytest.mark.integration
 LONG_ANSWER = ("--ttft-ms", "20", "--itl-ms", "40", "--max-tokens", "40")
 
 
-async def _start_long_chat(client: Any, chat_id: str) -> dict[str, Any]:
-    """Start a 40-token chat; its first token frame."""
-    await client.chat(chat_id, max_tokens=40)
-    assert (await client.next_for(chat_id))["type"] == "accepted"
-    first: dict[str, Any] = await client.next_for(chat_id)
-    assert first["type"] == "token"
-    return first
+@contextlib.asynccontextmanager
+async def _long_chat_started(
+    services: Services, migrated: str, tmp_path: Path, connect: Any
+) -> AsyncIterator[tuple[Stack, Any, dict[str, Any]]]:
+    """A stack with long answers, a client, and its 40-token chat "cut" started: (stack,
+    client, the chat's first token frame), for cutting a connection mid-answer."""
+    with make_stack(services, migrated, tmp_path, bulk=False, sim_args=LONG_ANSWER) as stack:
+        stack.wait_ready()
+        client = await connect(stack)
+        await client.chat("cut", max_tokens=40)
+        assert (await client.next_for("cut"))["type"] == "accepted"
+        first: dict[str, Any] = await client.next_for("cut")
+        assert first["type"] == "token"
+        yield stack, client, first
 
 
-async def _rest_in_order(client: Any, chat_id: str) -> list[dict[str, Any]]:
-    """The rest of a chat whose first token was read: every seq once, in order, then done."""
-    frames, done = await client.until_end(chat_id, timeout=15)
+async def _rest_in_order(client: Any, first: dict[str, Any]) -> str:
+    """The whole text of chat "cut" whose first token was read: every later seq once, in
+    order, then done."""
+    frames, done = await client.until_end("cut", timeout=15)
     assert done["type"] == "done", done
     seqs = [f["seq"] for f in frames if f["type"] == "token"]
     assert seqs == list(range(1, len(seqs) + 1)), seqs
-    return list(frames)
+    return str(first["text"]) + "".join(f["text"] for f in frames)
 
 
 async def _uncut_text(client: Any, chat_id: str) -> str:
@@ -119,16 +129,7 @@ async def test_gateway_pubsub_cut_mid_stream_loses_no_token(
 ) -> None:
     """Kill the gateway's pub/sub connection mid-answer: it reconnects, and the tokens
     published meanwhile come from the job's replay stream: every seq once, in order, then done."""
-    with make_stack(
-        services,
-        migrated,
-        tmp_path,
-        bulk=False,
-        sim_args=LONG_ANSWER,
-    ) as stack:
-        stack.wait_ready()
-        client = await connect(stack)
-        first = await _start_long_chat(client, "cut")
+    async with _long_chat_started(services, migrated, tmp_path, connect) as (stack, client, first):
         admin = stack.redis()
         # The gateway's control channel is named after its pid, and so is its relay connection.
         (control,) = admin.pubsub_channels(f"{stack.prefix}:gw:*")
@@ -136,8 +137,7 @@ async def test_gateway_pubsub_cut_mid_stream_loses_no_token(
         relays = [c for c in admin.client_list() if c["name"] == name]
         assert len(relays) == 1, relays
         admin.client_kill_filter(_id=relays[0]["id"])
-        frames = await _rest_in_order(client, "cut")
-        text = first["text"] + "".join(f["text"] for f in frames)
+        text = await _rest_in_order(client, first)
         assert text == await _uncut_text(client, "uncut")
         assert len([c for c in admin.client_list() if c["name"] == name]) == 1
 
@@ -148,16 +148,7 @@ async def test_redis_pipes_cut_mid_stream_lose_no_token_and_admit_again(
     """Kill the chat worker's and the gateway's pipelined Redis connections mid-answer: the
     worker sends again what was not answered (the gateway drops repeats by seq), the answer is
     the same text as an uncut one, and the next chats are admitted on the new connection."""
-    with make_stack(
-        services,
-        migrated,
-        tmp_path,
-        bulk=False,
-        sim_args=LONG_ANSWER,
-    ) as stack:
-        stack.wait_ready()
-        client = await connect(stack)
-        first = await _start_long_chat(client, "cut")
+    async with _long_chat_started(services, migrated, tmp_path, connect) as (stack, client, first):
         admin = stack.redis()
         pipes = [
             c
@@ -170,8 +161,7 @@ async def test_redis_pipes_cut_mid_stream_lose_no_token_and_admit_again(
         }, pipes
         for pipe in pipes:
             admin.client_kill_filter(_id=pipe["id"])
-        frames = await _rest_in_order(client, "cut")
-        text = first["text"] + "".join(f["text"] for f in frames)
+        text = await _rest_in_order(client, first)
         # Admitted on the new connections, one after the other.
         assert text == await _uncut_text(client, "after-1")
         assert text == await _uncut_text(client, "after-2")
