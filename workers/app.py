@@ -73,8 +73,13 @@ def _start_loop(sender: Any = None, **_: Any) -> None:
     from workers.runtime import runner
 
     queues = tuple(sorted(app.amqp.queues.consume_from or app.amqp.queues))
-    configure(getattr(sender, "hostname", None) or "worker", queues)
-    # Start the loop, Redis pool, cancel listener and heartbeat before the first task.
+    # A chat worker's heartbeat waits for its warm-up (workers/chat.py, _warm_on_start).
+    configure(
+        getattr(sender, "hostname", None) or "worker",
+        queues,
+        announce_at_start=CHAT_QUEUE not in queues,
+    )
+    # Start the loop, Redis pool, cancel listener (and heartbeat) before the first task.
     runner.run(get_context())
 
 

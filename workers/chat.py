@@ -104,7 +104,16 @@ def _warm_on_start(**_: object) -> None:
     from workers import context
 
     if CHAT_QUEUE in context._queues:
-        runner.submit(warm_chat_worker()).add_done_callback(lambda _: freeze_startup_objects())
+        runner.submit(_warm_and_announce()).add_done_callback(lambda _: freeze_startup_objects())
+
+
+async def _warm_and_announce() -> None:
+    from workers import context
+
+    try:
+        await warm_chat_worker()
+    finally:  # a worker whose warm-up failed still serves chats (slower at first)
+        await context.announce()
 
 
 async def run_chat(job: ChatJob) -> None:

@@ -193,7 +193,7 @@ async def serve(
     from shared.settings import get_settings
     from workers import context
 
-    context.configure(name, (queue,))
+    context.configure(name, (queue,), announce_at_start=False)
     ctx = await context.get_context()
     settings = get_settings()
     if warm is not None:
@@ -228,6 +228,7 @@ async def serve(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    await context.announce()  # warm and reading: gateways may count this worker now
     log.info("%s ready: %s with %d slots", name, queue, concurrency)
     try:
         await consumer.run()

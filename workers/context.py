@@ -2,6 +2,12 @@
 
 One Redis pool, one engine client per model server, the cancel listener (job id -> running
 task) and the heartbeat that tells gateways a worker for a queue is alive.
+
+A chat worker heartbeats only once it has warmed up (:func:`announce`): a gateway counts it
+from then on, and `/readyz` and the admission check (no chat worker: `overloaded`) mean a
+worker that takes a chat at once, not one that is still loading its models and pools (which
+took ~1-2 s, and a benchmark or a deploy that trusted `/readyz` then sent every early chat to
+the workers that happened to be up).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ class WorkerContext:
     _engines: dict[tuple[str, str], Engine] = field(default_factory=dict)
     running: dict[str, Cancellable] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _heartbeat_task: asyncio.Task[None] | None = None
 
     @property
     def models(self) -> ModelTable:
@@ -71,13 +78,17 @@ class WorkerContext:
         """The default model's engine."""
         return self.engine_for(self.models.get(None))
 
-    async def start(self, queues: tuple[str, ...]) -> None:
+    async def start(self) -> None:
         await self.pipe.start()
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         await pubsub.subscribe(self.keys.cancel_channel)
         self._tasks.append(asyncio.create_task(self._listen_cancels(pubsub)))
-        if queues:
-            self._tasks.append(asyncio.create_task(self._heartbeat(queues)))
+
+    def start_heartbeat(self, queues: tuple[str, ...]) -> None:
+        """Tell gateways this worker takes jobs from ``queues`` (once; later calls do nothing)."""
+        if queues and self._heartbeat_task is None:
+            self._heartbeat_task = asyncio.create_task(self._heartbeat(queues))
+            self._tasks.append(self._heartbeat_task)
 
     async def _listen_cancels(self, pubsub: aioredis.client.PubSub) -> None:
         while True:
@@ -134,12 +145,21 @@ _context: WorkerContext | None = None
 _lock: asyncio.Lock | None = None
 _queues: tuple[str, ...] = ()
 _name: str = f"worker@{socket.gethostname()}"
+_announce_at_start = True
 
 
-def configure(name: str, queues: tuple[str, ...]) -> None:
-    """Called from `worker_init` (before any task runs) with this worker's name and queues."""
-    global _name, _queues
-    _name, _queues = name, queues
+def configure(name: str, queues: tuple[str, ...], *, announce_at_start: bool = True) -> None:
+    """Called from `worker_init` (before any task runs) with this worker's name and queues.
+
+    ``announce_at_start=False``: no heartbeat until :func:`announce` (a chat worker, after its
+    warm-up)."""
+    global _name, _queues, _announce_at_start
+    _name, _queues, _announce_at_start = name, queues, announce_at_start
+
+
+async def announce() -> None:
+    """Start this worker's heartbeat for its queues (see the module docstring)."""
+    (await get_context()).start_heartbeat(_queues)
 
 
 async def get_context() -> WorkerContext:
@@ -173,7 +193,9 @@ async def get_context() -> WorkerContext:
                     settings.usage_batch_ms / 1000.0,
                 ),
             )
-            await ctx.start(_queues)
+            await ctx.start()
+            if _announce_at_start:
+                ctx.start_heartbeat(_queues)
             _context = ctx
     return _context
 

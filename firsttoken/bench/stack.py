@@ -9,6 +9,7 @@ Every child runs in its own process group and is stopped with SIGTERM, then SIGK
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import socket
@@ -242,7 +243,7 @@ class BenchStack:
             self.api_key = _migrate_and_key(self.database_url)
             for name, args in chat_consumers.items():
                 self._start(name, args)
-            self._start_gateway()
+            self._start_gateway(chat_workers=len(chat_consumers))
             return
         if not self.sim_port:
             self.start_sim()
@@ -265,13 +266,20 @@ class BenchStack:
             "worker-bulk",
             ["-m", "firsttoken", "worker", "--queues", "bulk", "--name", f"bulk-{self.prefix}@%h"],
         )
-        self._start_gateway()
+        self._start_gateway(chat_workers=self.workers)
 
-    def _start_gateway(self) -> None:
+    def _start_gateway(self, chat_workers: int) -> None:
+        """Start the gateway; return once `/readyz` counts every chat worker started (a run
+        that began with one still warming up would measure fewer workers than it says)."""
         self.gateway_port = free_port()
         self._start("gateway", ["-m", "gateway", "--port", str(self.gateway_port)])
         ready = f"http://127.0.0.1:{self.gateway_port}/readyz"
-        wait_for(lambda: http_get(ready)[0] == 200, 60, "the stack (/readyz)", self.procs)
+
+        def all_ready() -> bool:
+            status, body = http_get(ready)
+            return status == 200 and json.loads(body).get("chat_workers", 0) >= chat_workers
+
+        wait_for(all_ready, 60, f"the stack with {chat_workers} chat workers (/readyz)", self.procs)
 
     def cpu(self) -> dict[str, float]:
         """CPU seconds each child has used so far."""
