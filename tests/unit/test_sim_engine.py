@@ -210,3 +210,20 @@ def test_vllm_engine_without_vllm_is_config_error() -> None:
         pytest.skip("vllm is installed here")
     with pytest.raises(ConfigError, match=r"firsttoken\[vllm\]"):
         make_engine(load_settings(engine="vllm", vllm_model_path="/nonexistent"))
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+async def test_sim_server_freezes_its_start_up_heap_only_when_asked(freeze: bool) -> None:
+    """`firsttoken sim-server` moves its start-up objects out of the collector's view once it
+    has started, as `vllm serve` does; an app made for a test leaves the test's heap alone."""
+    import gc
+
+    from shared.simserver import create_app
+
+    app = create_app(SimOptions(), freeze_heap=freeze)
+    gc.unfreeze()
+    try:
+        async with app.router.lifespan_context(app):
+            assert (gc.get_freeze_count() > 0) is freeze
+    finally:
+        gc.unfreeze()
