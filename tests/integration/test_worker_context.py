@@ -42,6 +42,14 @@ async def _beats(services: Services, keys: Keys, queue: str, name: str) -> bool:
         await r.aclose()
 
 
+async def _wait_for_beat(services: Services, keys: Keys, queue: str, name: str) -> None:
+    for _ in range(100):
+        if await _beats(services, keys, queue, name):
+            return
+        await asyncio.sleep(0.02)
+    pytest.fail(f"{name} did not heartbeat for {queue}")
+
+
 async def test_a_chat_worker_is_counted_only_once_it_announces_itself(
     services: Services, worker_env: Keys
 ) -> None:
@@ -51,12 +59,7 @@ async def test_a_chat_worker_is_counted_only_once_it_announces_itself(
         await asyncio.sleep(0.3)  # six heartbeat periods
         assert not await _beats(services, worker_env, "chat", "chat-ctx@test")
         await context.announce()
-        for _ in range(100):
-            if await _beats(services, worker_env, "chat", "chat-ctx@test"):
-                break
-            await asyncio.sleep(0.02)
-        else:
-            pytest.fail("no heartbeat after announce()")
+        await _wait_for_beat(services, worker_env, "chat", "chat-ctx@test")
     finally:
         await context.close_context()
     assert not await _beats(services, worker_env, "chat", "chat-ctx@test")
@@ -68,11 +71,6 @@ async def test_a_bulk_worker_heartbeats_from_the_start(
     context.configure("bulk-ctx@test", ("bulk",))
     await context.get_context()
     try:
-        for _ in range(100):
-            if await _beats(services, worker_env, "bulk", "bulk-ctx@test"):
-                break
-            await asyncio.sleep(0.02)
-        else:
-            pytest.fail("a bulk worker did not heartbeat")
+        await _wait_for_beat(services, worker_env, "bulk", "bulk-ctx@test")
     finally:
         await context.close_context()
