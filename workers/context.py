@@ -5,9 +5,10 @@ task) and the heartbeat that tells gateways a worker for a queue is alive.
 
 A chat worker heartbeats only once it has warmed up (:func:`announce`): a gateway counts it
 from then on, and `/readyz` and the admission check (no chat worker: `overloaded`) mean a
-worker that takes a chat at once, not one that is still loading its models and pools (which
-took ~1-2 s, and a benchmark or a deploy that trusted `/readyz` then sent every early chat to
-the workers that happened to be up).
+worker that takes a chat at once, not one that is still loading its models and pools (0.2 s
+on an idle machine, longer when several processes start at once: a benchmark that trusted
+`/readyz` sent its warm-up to the one worker that was up, and the other met its first chats
+cold, in the measured burst).
 """
 
 from __future__ import annotations
