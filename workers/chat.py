@@ -37,7 +37,7 @@ from shared.tasks import ChatJob, TaskCall
 from workers import cache_stage, retrieve
 from workers.app import app
 from workers.cache_stage import CacheStage, Lookup
-from workers.context import WorkerContext, get_context
+from workers.context import WorkerContext, announce, get_context
 from workers.db import database
 from workers.generate import Generation, job_generation
 from workers.publish import JobPublisher
@@ -108,12 +108,10 @@ def _warm_on_start(**_: object) -> None:
 
 
 async def _warm_and_announce() -> None:
-    from workers import context
-
     try:
         await warm_chat_worker()
     finally:  # a worker whose warm-up failed still serves chats (slower at first)
-        await context.announce()
+        await announce()
 
 
 async def run_chat(job: ChatJob) -> None:
