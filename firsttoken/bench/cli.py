@@ -387,14 +387,14 @@ class Bench:
             await asyncio.sleep(2.0)
 
     def _pids(self) -> dict[str, int]:
-        pids = {name: c.pid for name, c in self.stack.procs.items()} if self.stack else {}
+        pids = self.stack.pids() if self.stack else {}
         if self.peer and self.peer.child:
             pids["litellm"] = self.peer.child.pid
         return pids
 
     async def one_run(self, mode: str, point: LoadPoint, repeat: int) -> dict[str, Any]:
         from firsttoken.bench.loadgen import Progress, PromptMix, drive
-        from firsttoken.bench.stack import cpu_seconds
+        from firsttoken.bench.stack import busy_share, cpu_seconds, machine_ticks
 
         a = self.args
         requests = a.requests if a.duration is None else None
@@ -421,6 +421,7 @@ class Bench:
             busy_before = await self._wait_idle()
             pids = self._pids()
             cpu0 = {n: cpu_seconds(p) for n, p in pids.items()}
+            ticks0 = machine_ticks()
             outcome = await drive(
                 client.send,
                 mix,
@@ -432,6 +433,7 @@ class Bench:
                 progress=progress,
             )
             server_cpu = {n: (cpu_seconds(p) - cpu0[n]) / outcome.wall_s for n, p in pids.items()}
+            busy_during = busy_share(ticks0, machine_ticks())
         finally:
             await client.close()
         # A closed loop starts every stream at once: that first wave is summarized apart too.
@@ -449,6 +451,9 @@ class Bench:
             # Other work on the machine shows here: compare with the number of cores.
             "loadavg_1m_before": load_before,
             "machine_busy_before": busy_before,
+            # Everything on the machine (Redis, PostgreSQL, the load generator included): near
+            # 100%, every hop waits for a core and the added time is mostly that wait.
+            "machine_busy": busy_during,
         }
         if a.keep_results:
             run["results"] = [dataclasses.asdict(r) for r in outcome.results]
@@ -460,7 +465,8 @@ class Bench:
             f"  {label}: {summary['ok']}/{summary['requests']} ok, {summary['errors']} errors "
             f"{summary['error_codes'] or ''}, TTFT p50 {t['p50']:.1f} p99 {t['p99']:.1f} ms, "
             f"{summary['tokens_per_s']:.0f} tok/s, {summary['qps']:.1f} req/s, "
-            f"client CPU {outcome.client_cpu_share:.0%}, machine busy before {busy_before:.0%} "
+            f"client CPU {outcome.client_cpu_share:.0%}, machine busy before {busy_before:.0%}, "
+            f"during {busy_during:.0%} "
             f"| {cpu}",
             flush=True,
         )

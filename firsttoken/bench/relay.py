@@ -124,24 +124,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def redis_pid(url: str) -> int | None:
-    """The Redis server's pid (INFO server), to read its CPU; None if it will not say."""
-    import redis
-
-    try:
-        client = redis.Redis.from_url(url)
-        pid = int(client.info("server")["process_id"])
-        client.close()
-        return pid
-    except Exception:  # noqa: BLE001 - Redis CPU is then reported as unknown
-        return None
-
-
-def _machine_ticks() -> tuple[int, int]:
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return sum(fields[:8]), fields[3] + fields[4]
-
-
 def delivered_until(
     results: list[RequestResult], end_s: float, tokens: int, shape: Shape
 ) -> tuple[int, int]:
@@ -177,19 +159,18 @@ class Window:
 
 async def _sample_after(seconds: float, pids: dict[str, int]) -> Window:
     """CPU of every process (and of this one, the load generator) over the next `seconds`."""
-    from firsttoken.bench.stack import cpu_seconds
+    from firsttoken.bench.stack import busy_share, cpu_seconds, machine_ticks
 
-    t0, own0, m0 = time.perf_counter(), time.process_time(), _machine_ticks()
+    t0, own0, m0 = time.perf_counter(), time.process_time(), machine_ticks()
     cpu0 = {n: cpu_seconds(p) for n, p in pids.items()}
     await asyncio.sleep(seconds)
-    t1, own1, m1 = time.perf_counter(), time.process_time(), _machine_ticks()
+    t1, own1, m1 = time.perf_counter(), time.process_time(), machine_ticks()
     span = t1 - t0
-    spent = m1[0] - m0[0]
     return Window(
         at=t1,
         cpu={n: (cpu_seconds(p) - cpu0[n]) / span for n, p in pids.items()},
         client=(own1 - own0) / span,
-        machine_busy=1 - (m1[1] - m0[1]) / spent if spent > 0 else math.nan,
+        machine_busy=busy_share(m0, m1),
     )
 
 
@@ -204,7 +185,6 @@ class RelayBench:
             settings={"max_tokens_limit": str(max(4096, args.tokens))},
         )
         self.runs: list[dict[str, Any]] = []
-        self.redis_pid: int | None = None
 
     def start(self) -> None:
         a = self.args
@@ -220,7 +200,6 @@ class RelayBench:
             for i in range(a.producers)
         }
         self.stack.start_stack(chat_consumers=consumers)
-        self.redis_pid = redis_pid(self.stack.redis_url)
 
     def set_shape(self, token_rate: float, tokens_per_frame: float) -> None:
         import redis
@@ -237,10 +216,7 @@ class RelayBench:
         time.sleep(0.6)  # producers re-read it every 0.25 s
 
     def _pids(self) -> dict[str, int]:
-        pids = {name: c.pid for name, c in self.stack.procs.items()}
-        if self.redis_pid:
-            pids["redis"] = self.redis_pid
-        return pids
+        return self.stack.pids()
 
     def _py_spy(self, label: str) -> subprocess.Popen[bytes] | None:
         if self.args.py_spy is None:

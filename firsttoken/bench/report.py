@@ -118,6 +118,54 @@ def before_after_table(
     return markdown_table(header, rows)
 
 
+# Column -> the process names (as in a run's CPU table) it sums; "stack" is their total.
+_CPU_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("client", ("client",)),
+    ("engine (sim)", ("sim",)),
+    ("gateway", ("gateway",)),
+    ("chat workers", ("worker-chat",)),
+    ("bulk worker", ("worker-bulk",)),
+    ("Redis", ("redis",)),
+    ("stack", ("stack",)),
+)
+
+
+def cpu_table(agg: Mapping[str, Any], baseline: str = "direct") -> str:
+    """CPU ms per answered request by process group (medians over repeats), the stack's CPU in
+    units of the baseline client's, and how busy the whole machine was during the runs."""
+    header = [
+        "load",
+        "mode",
+        *(label for label, _ in _CPU_GROUPS),
+        f"stack / {baseline} client",
+        "machine busy",
+    ]
+    rows = []
+    for load, entry in agg.items():
+        for mode, m in entry["modes"].items():
+            per = {name: v["median"] for name, v in m.get("cpu_ms_per_request", {}).items()}
+            if not per:
+                continue
+            cells = []
+            for _, prefixes in _CPU_GROUPS:
+                vals = [
+                    v for name, v in per.items() if name.startswith(prefixes) and not math.isnan(v)
+                ]
+                cells.append(f"{sum(vals):.2f}" if vals else "-")
+            rel = entry.get("stack_cpu_per_client_cpu", {}) if mode == "stack" else {}
+            busy = m.get("machine_busy", {}).get("median", math.nan)
+            rows.append(
+                [
+                    load,
+                    mode,
+                    *cells,
+                    f"{rel['median']:.1f}x" if rel and not math.isnan(rel["median"]) else "-",
+                    "-" if math.isnan(busy) else f"{busy:.0%}",
+                ]
+            )
+    return markdown_table(header, rows) if rows else ""
+
+
 def print_report(agg: Mapping[str, Any], extra: Sequence[str] = ()) -> None:
     print("\nResults (median over repeats; (min..max) spread across repeats; ms)\n")
     print(summary_table(agg))
@@ -130,6 +178,10 @@ def print_report(agg: Mapping[str, Any], extra: Sequence[str] = ()) -> None:
         if table:
             print(f"\nBefore/after at {load}\n")
             print(table)
+    cpu = cpu_table(agg)
+    if cpu:
+        print("\nCPU per answered request (ms; median over repeats)\n")
+        print(cpu)
     for line in extra:
         print(line)
 
@@ -206,6 +258,9 @@ def markdown_from_json(path: Path) -> str:
         table = before_after_table(_nan(agg), load)
         if table:
             parts += ["", table]
+    cpu_ms = cpu_table(_nan(agg))
+    if cpu_ms:
+        parts += ["", "CPU per answered request (ms; median over repeats):", "", cpu_ms]
     cpu: dict[str, dict[str, list[float]]] = {}
     for run in data["runs"]:
         for proc, share in run.get("server_cpu_share", {}).items():

