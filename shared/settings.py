@@ -163,12 +163,13 @@ class Settings(BaseSettings):
     replay_maxlen: int = Field(2000, ge=10, description="Chunks kept in a job's replay stream.")
     replay_ttl_s: int = Field(600, ge=10, description="How long a job's replay stream lives.")
     usage_batch_ms: float = Field(
-        50.0,
+        250.0,
         ge=0,
         description="A chat worker sends the usage rows of chats that end within this window "
-        "as one bulk task (one message, one transaction) instead of one each. A worker killed "
-        "without warning loses at most this window's rows, as it loses the chats it was "
-        "running; a stopping worker sends them first. 0: one task per chat.",
+        "as one bulk task (one message, one transaction) instead of one each: the bulk "
+        "worker's cost is per task. A worker killed without warning loses at most this "
+        "window's rows, as it loses the chats it was running; a stopping worker sends them "
+        "first. 0: one task per chat.",
     )
     store_text: bool = Field(
         False,
