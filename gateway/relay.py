@@ -1,9 +1,11 @@
 """One Redis pub/sub connection per gateway process, fanned out to jobs by channel.
 
 The connection is a bare asyncio protocol with a hiredis reader: a message is parsed and
-handed to its job's handler inside the callback that read it, and `subscribe` / `unsubscribe`
-write their command at once, without awaiting anything. (redis-py's PubSub costs a task
-switch or two per command and ~1/5 of the gateway's CPU per message at 50 streams.)
+handed to its job's handler inside the callback that read it, and `subscribe` writes its
+command at once, without awaiting anything (`unsubscribe` stops the routing at once and
+sends finished channels to Redis together, every UNSUBSCRIBE_DELAY_S). (redis-py's PubSub
+costs a task switch or two per command and ~1/5 of the gateway's CPU per message at 50
+streams.)
 
 Ordering is what keeps pub/sub (at-most-once) from losing a job's first token: the gateway
 writes SUBSCRIBE on this connection before it enqueues the job on another one. Redis has
@@ -39,6 +41,10 @@ CONFIRM_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
 # Channels per SUBSCRIBE when subscribing to everything again after a reconnect.
 RESUBSCRIBE_BATCH = 1000
+# How long finished jobs' channels wait to leave, together, in one UNSUBSCRIBE. Off every
+# chat's path (a channel's handler goes at once, so a late message is dropped here), and one
+# write per finished chat was 5% of the gateway's CPU at 50 streams.
+UNSUBSCRIBE_DELAY_S = 0.05
 
 
 class RedisAddress:
@@ -134,6 +140,8 @@ class Relay:
         self._reconnecting: asyncio.Task[None] | None = None
         self._closed = False
         self._connected_at = 0.0
+        self._leaving: dict[bytes, None] = {}  # channels to UNSUBSCRIBE, in order
+        self._leave_timer: asyncio.TimerHandle | None = None
         self.reconnects = 0
 
     async def start(self) -> None:
@@ -142,6 +150,9 @@ class Relay:
 
     async def close(self) -> None:
         self._closed = True
+        if self._leave_timer is not None:
+            self._leave_timer.cancel()
+            self._leave_timer = None
         if self._reconnecting is not None:
             self._reconnecting.cancel()
             with contextlib.suppress(BaseException):
@@ -182,9 +193,26 @@ class Relay:
             raise
 
     def unsubscribe(self, channel: str) -> None:
+        """Stop routing `channel` now; Redis hears of it within UNSUBSCRIBE_DELAY_S, in one
+        command with the other channels that finished meanwhile."""
         name = channel.encode()
-        if self._handlers.pop(name, None) is not None and self._transport is not None:
-            self._transport.write(pack((b"UNSUBSCRIBE", name)))
+        if self._handlers.pop(name, None) is None or self._transport is None:
+            return
+        self._leaving[name] = None
+        if self._leave_timer is None:
+            self._leave_timer = asyncio.get_running_loop().call_later(
+                UNSUBSCRIBE_DELAY_S, self._unsubscribe_leaving
+            )
+
+    def _unsubscribe_leaving(self) -> None:
+        self._leave_timer = None
+        # A channel subscribed again meanwhile (a resumed job) stays: its SUBSCRIBE went first.
+        names = [name for name in self._leaving if name not in self._handlers]
+        self._leaving.clear()
+        if self._transport is None:
+            return  # a new connection subscribes only the channels with handlers
+        for i in range(0, len(names), RESUBSCRIBE_BATCH):
+            self._transport.write(pack((b"UNSUBSCRIBE", *names[i : i + RESUBSCRIBE_BATCH])))
 
     # --- connection ---------------------------------------------------------------------
     async def _connect(self) -> None:
@@ -195,6 +223,7 @@ class Relay:
             return
         self._transport, self._protocol = transport, protocol
         self._connected_at = asyncio.get_running_loop().time()
+        self._leaving.clear()  # this connection has none of the old one's subscriptions
         transport.writelines(self._address.handshake(self._client_name))
         names = list(self._handlers)  # every channel again, after a reconnect
         for i in range(0, len(names), RESUBSCRIBE_BATCH):

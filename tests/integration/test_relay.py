@@ -183,3 +183,35 @@ async def test_password_is_sent_and_a_wrong_one_is_not_retried_in_a_tight_loop(
     refused = [r for r in caplog.records if "refused" in r.getMessage()]
     assert refused and "WRONGPASS" in refused[0].getMessage()
     assert len(refused) <= 3  # one attempt a second, not a spin
+
+
+async def test_finished_channels_leave_together_and_a_resubscribed_one_stays(
+    services: Services, admin: aioredis.Redis
+) -> None:
+    name = f"ftrelay{uuid.uuid4().hex[:8]}"
+    relay = Relay(services.redis_url, f"{name}:control")
+    await relay.start()
+    got: list[str] = []
+    try:
+        for job in ("a", "b", "c"):
+            await relay.subscribe_confirmed(f"{name}:{job}", got.append)
+        relay.unsubscribe(f"{name}:a")
+        relay.unsubscribe(f"{name}:b")
+        relay.unsubscribe(f"{name}:c")
+        await relay.subscribe_confirmed(f"{name}:c", got.append)  # resumed before they left
+        # Routing stops at once, before Redis has heard of it.
+        await admin.publish(f"{name}:a", "late")
+        assert relay.channels == 2  # the control channel and c
+        channels = [f"{name}:{job}" for job in "abc"]
+        await _until(lambda: relay._leave_timer is None)
+        counts: dict[str, int] = {}
+        for _ in range(100):
+            counts = dict(await admin.pubsub_numsub(*channels))
+            if counts[f"{name}:a"] == counts[f"{name}:b"] == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert counts == {f"{name}:a": 0, f"{name}:b": 0, f"{name}:c": 1}
+        await admin.publish(f"{name}:c", "still here")
+        await _until(lambda: got == ["still here"])
+    finally:
+        await relay.close()
