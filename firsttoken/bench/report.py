@@ -130,14 +130,14 @@ _CPU_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-def cpu_table(agg: Mapping[str, Any], baseline: str = "direct") -> str:
+def cpu_table(agg: Mapping[str, Any]) -> str:
     """CPU ms per answered request by process group (medians over repeats), the stack's CPU in
-    units of the baseline client's, and how busy the whole machine was during the runs."""
+    units of the simulated engine's in the same run, and how busy the whole machine was."""
     header = [
         "load",
         "mode",
         *(label for label, _ in _CPU_GROUPS),
-        f"stack / {baseline} client",
+        "stack / engine",
         "machine busy",
     ]
     rows = []
@@ -152,7 +152,7 @@ def cpu_table(agg: Mapping[str, Any], baseline: str = "direct") -> str:
                     v for name, v in per.items() if name.startswith(prefixes) and not math.isnan(v)
                 ]
                 cells.append(f"{sum(vals):.2f}" if vals else "-")
-            rel = entry.get("stack_cpu_per_client_cpu", {}) if mode == "stack" else {}
+            rel = entry.get("stack_cpu_per_engine_cpu", {}) if mode == "stack" else {}
             busy = m.get("machine_busy", {}).get("median", math.nan)
             rows.append(
                 [

@@ -132,6 +132,10 @@ def median_and_spread(values: Iterable[float]) -> dict[str, float]:
     }
 
 
+# The simulated engine's name in a run's CPU table (a remote engine's CPU is not measured).
+ENGINE_PROCESS = "sim"
+
+
 def is_stack_process(name: str) -> bool:
     """Whether a process of a run's CPU table is the stack's own (gateway, workers, Redis),
     not the engine, a peer or the load generator."""
@@ -141,8 +145,8 @@ def is_stack_process(name: str) -> bool:
 def cpu_ms_per_request(run: Mapping[str, Any]) -> dict[str, float]:
     """CPU milliseconds per answered request: each process of the run, the load generator
     ("client") and the stack's own processes together ("stack"). Shares of a core are a
-    machine's speed as much as the code's; per request, against the client's own cost in
-    direct mode, they compare across machines."""
+    machine's speed as much as the code's; per request, in units of the engine's own cost in
+    the same run (see aggregate_runs), they compare across runs and machines."""
     summary = run["summary"]
     ok, wall_s = summary["ok"], summary["wall_s"]
     if not ok:
@@ -287,16 +291,14 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") 
             }
             entry["modes"][mode] = agg
         base = {r["repeat"]: r["summary"] for r in modes.get(baseline, [])}
-        base_client = {
-            r["repeat"]: cpu_ms_per_request(r).get("client", math.nan)
-            for r in modes.get(baseline, [])
-        }
-        # The stack's CPU per request in units of the baseline client's (a bare streaming
-        # client of the same engine, same repeat): the code's cost, whatever the machine.
-        entry["stack_cpu_per_client_cpu"] = median_and_spread(
-            cpu_ms_per_request(r).get("stack", math.nan) / base_client[r["repeat"]]
-            for r in modes.get("stack", [])
-            if base_client.get(r["repeat"], 0) > 0
+        # The stack's CPU per request in units of the simulated engine's in the same run: the
+        # engine does the same work per request in every run, so the ratio holds still while a
+        # shared host's speed drifts (the stack's own cost per request moved +-20% between runs
+        # minutes apart, this ratio +-2%).
+        entry["stack_cpu_per_engine_cpu"] = median_and_spread(
+            per["stack"] / per[ENGINE_PROCESS]
+            for per in (cpu_ms_per_request(r) for r in modes.get("stack", []))
+            if per.get(ENGINE_PROCESS, 0) > 0
         )
         for mode, mode_runs in modes.items():
             if mode == baseline or not base:

@@ -60,7 +60,7 @@ def test_bench_runs_every_mode_and_writes_json(
     assert 0 < stack_run["machine_busy"] <= 1
     cpu = modes["stack"]["cpu_ms_per_request"]
     assert cpu["stack"]["median"] > 0 and cpu["client"]["median"] > 0
-    assert data["aggregate"]["c=3"]["stack_cpu_per_client_cpu"]["median"] > 0
+    assert data["aggregate"]["c=3"]["stack_cpu_per_engine_cpu"]["median"] > 0
     if postgres_available():
         assert "database: PostgreSQL (fresh database)" in data["stack"]["notes"]
 

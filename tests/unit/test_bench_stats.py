@@ -184,28 +184,27 @@ def test_cpu_per_request_counts_the_stack_apart_from_the_engine_and_the_client()
     assert cpu_ms_per_request({"summary": summarize_run([], 1.0)}) == {}
 
 
-def test_aggregate_puts_the_stacks_cpu_in_units_of_the_direct_clients() -> None:
-    def run(mode: str, repeat: int, client: float, stack: float, busy: float) -> dict[str, object]:
+def test_aggregate_puts_the_stacks_cpu_in_units_of_the_engines_in_the_same_run() -> None:
+    def run(mode: str, repeat: int, sim: float, stack: float, busy: float) -> dict[str, object]:
         return {
             "mode": mode,
             "load": "c=1",
             "repeat": repeat,
             "summary": summarize_run([_ok(0, 10, 20)] * 10, 1.0),
-            "client_cpu_share": client,
-            "server_cpu_share": {"sim": 0.1, "gateway": stack / 2, "worker-chat0": stack / 2},
+            "client_cpu_share": 0.1,
+            "server_cpu_share": {"sim": sim, "gateway": stack / 2, "worker-chat0": stack / 2},
             "machine_busy": busy,
         }
 
     agg = aggregate_runs(
         [
             run("direct", 0, 0.1, 0.0, 0.2),
-            run("stack", 0, 0.1, 0.5, 0.6),
+            run("stack", 0, 0.1, 0.5, 0.6),  # a slower moment: everything costs more
             run("direct", 1, 0.2, 0.0, 0.3),
-            run("stack", 1, 0.1, 0.6, 0.7),
+            run("stack", 1, 0.2, 0.6, 0.7),
         ]
     )["c=1"]
-    # Each repeat against its own direct client: 0.5 / 0.1 and 0.6 / 0.2.
-    rel = agg["stack_cpu_per_client_cpu"]
+    rel = agg["stack_cpu_per_engine_cpu"]  # 0.5 / 0.1 and 0.6 / 0.2
     assert rel["min"] == pytest.approx(3.0) and rel["max"] == pytest.approx(5.0)
     stack = agg["modes"]["stack"]
     assert stack["machine_busy"]["median"] == pytest.approx(0.65)
