@@ -25,12 +25,33 @@ async def admin(services: Services) -> AsyncIterator[aioredis.Redis]:
     await client.aclose()
 
 
+@pytest.fixture
+async def started(services: Services) -> AsyncIterator[tuple[str, Relay]]:
+    """A started relay and the channel-name prefix of this test (closed afterwards)."""
+    name = f"ftrelay{uuid.uuid4().hex[:8]}"
+    relay = Relay(services.redis_url, f"{name}:control")
+    await relay.start()
+    try:
+        yield name, relay
+    finally:
+        await relay.close()
+
+
 async def _until(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not predicate():
         assert loop.time() < deadline, "timed out"
         await asyncio.sleep(0.01)
+
+
+async def _unsubscribed(admin: aioredis.Redis, *channels: str) -> None:
+    """Wait until Redis counts no subscriber on any of `channels` (at most 2 s)."""
+    for _ in range(100):
+        if not any(count for _, count in await admin.pubsub_numsub(*channels)):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"still subscribed: {await admin.pubsub_numsub(*channels)}")
 
 
 def test_address_from_urls() -> None:
@@ -47,59 +68,45 @@ def test_address_from_urls() -> None:
 
 
 async def test_messages_reach_their_channel_handler_only(
-    services: Services, admin: aioredis.Redis
+    started: tuple[str, Relay], admin: aioredis.Redis
 ) -> None:
-    name = f"ftrelay{uuid.uuid4().hex[:8]}"
-    relay = Relay(services.redis_url, f"{name}:control")
-    await relay.start()
+    name, relay = started
     got: dict[str, list[str]] = {"a": [], "b": []}
-    try:
-        await relay.subscribe_confirmed(f"{name}:a", got["a"].append)
-        relay.subscribe(f"{name}:b", got["b"].append)
-        await _until(lambda: relay.channels == 3)
-        await admin.publish(f"{name}:b", "warm")  # published after b's SUBSCRIBE was read
-        await _until(lambda: got["b"] == ["warm"])
-        for i in range(20):
-            await admin.publish(f"{name}:a", f"a{i}")
-            await admin.publish(f"{name}:b", "ü" * i)
-        await _until(lambda: len(got["a"]) == 20 and len(got["b"]) == 21)
-        assert got["a"] == [f"a{i}" for i in range(20)]
-        assert got["b"][1:] == ["ü" * i for i in range(20)]
+    await relay.subscribe_confirmed(f"{name}:a", got["a"].append)
+    relay.subscribe(f"{name}:b", got["b"].append)
+    await _until(lambda: relay.channels == 3)
+    await admin.publish(f"{name}:b", "warm")  # published after b's SUBSCRIBE was read
+    await _until(lambda: got["b"] == ["warm"])
+    for i in range(20):
+        await admin.publish(f"{name}:a", f"a{i}")
+        await admin.publish(f"{name}:b", "ü" * i)
+    await _until(lambda: len(got["a"]) == 20 and len(got["b"]) == 21)
+    assert got["a"] == [f"a{i}" for i in range(20)]
+    assert got["b"][1:] == ["ü" * i for i in range(20)]
 
-        relay.unsubscribe(f"{name}:a")
-        assert relay.channels == 2
-        for _ in range(100):
-            if (await admin.pubsub_numsub(f"{name}:a"))[0][1] == 0:
-                break
-            await asyncio.sleep(0.02)
-        assert (await admin.pubsub_numsub(f"{name}:a"))[0][1] == 0
-        await admin.publish(f"{name}:a", "late")
-        await admin.publish(f"{name}:b", "last")
-        await _until(lambda: got["b"][-1] == "last")
-        assert got["a"][-1] == "a19"
-    finally:
-        await relay.close()
+    relay.unsubscribe(f"{name}:a")
+    assert relay.channels == 2
+    await _unsubscribed(admin, f"{name}:a")
+    await admin.publish(f"{name}:a", "late")
+    await admin.publish(f"{name}:b", "last")
+    await _until(lambda: got["b"][-1] == "last")
+    assert got["a"][-1] == "a19"
 
 
 async def test_a_failing_handler_does_not_stop_the_others(
-    services: Services, admin: aioredis.Redis
+    started: tuple[str, Relay], admin: aioredis.Redis
 ) -> None:
-    name = f"ftrelay{uuid.uuid4().hex[:8]}"
-    relay = Relay(services.redis_url, f"{name}:control")
-    await relay.start()
+    name, relay = started
     got: list[str] = []
 
     def broken(_message: str) -> None:
         raise RuntimeError("handler bug")
 
-    try:
-        await relay.subscribe_confirmed(f"{name}:broken", broken)
-        await relay.subscribe_confirmed(f"{name}:ok", got.append)
-        await admin.publish(f"{name}:broken", "x")
-        await admin.publish(f"{name}:ok", "y")
-        await _until(lambda: got == ["y"])
-    finally:
-        await relay.close()
+    await relay.subscribe_confirmed(f"{name}:broken", broken)
+    await relay.subscribe_confirmed(f"{name}:ok", got.append)
+    await admin.publish(f"{name}:broken", "x")
+    await admin.publish(f"{name}:ok", "y")
+    await _until(lambda: got == ["y"])
 
 
 async def test_killed_connection_comes_back_subscribed(
@@ -186,32 +193,21 @@ async def test_password_is_sent_and_a_wrong_one_is_not_retried_in_a_tight_loop(
 
 
 async def test_finished_channels_leave_together_and_a_resubscribed_one_stays(
-    services: Services, admin: aioredis.Redis
+    started: tuple[str, Relay], admin: aioredis.Redis
 ) -> None:
-    name = f"ftrelay{uuid.uuid4().hex[:8]}"
-    relay = Relay(services.redis_url, f"{name}:control")
-    await relay.start()
+    name, relay = started
     got: list[str] = []
-    try:
-        for job in ("a", "b", "c"):
-            await relay.subscribe_confirmed(f"{name}:{job}", got.append)
-        relay.unsubscribe(f"{name}:a")
-        relay.unsubscribe(f"{name}:b")
-        relay.unsubscribe(f"{name}:c")
-        await relay.subscribe_confirmed(f"{name}:c", got.append)  # resumed before they left
-        # Routing stops at once, before Redis has heard of it.
-        await admin.publish(f"{name}:a", "late")
-        assert relay.channels == 2  # the control channel and c
-        channels = [f"{name}:{job}" for job in "abc"]
-        await _until(lambda: relay._leave_timer is None)
-        counts: dict[str, int] = {}
-        for _ in range(100):
-            counts = dict(await admin.pubsub_numsub(*channels))
-            if counts[f"{name}:a"] == counts[f"{name}:b"] == 0:
-                break
-            await asyncio.sleep(0.02)
-        assert counts == {f"{name}:a": 0, f"{name}:b": 0, f"{name}:c": 1}
-        await admin.publish(f"{name}:c", "still here")
-        await _until(lambda: got == ["still here"])
-    finally:
-        await relay.close()
+    for job in ("a", "b", "c"):
+        await relay.subscribe_confirmed(f"{name}:{job}", got.append)
+    relay.unsubscribe(f"{name}:a")
+    relay.unsubscribe(f"{name}:b")
+    relay.unsubscribe(f"{name}:c")
+    await relay.subscribe_confirmed(f"{name}:c", got.append)  # resumed before they left
+    # Routing stops at once, before Redis has heard of it.
+    await admin.publish(f"{name}:a", "late")
+    assert relay.channels == 2  # the control channel and c
+    await _until(lambda: relay._leave_timer is None)
+    await _unsubscribed(admin, f"{name}:a", f"{name}:b")
+    assert (await admin.pubsub_numsub(f"{name}:c"))[0][1] == 1
+    await admin.publish(f"{name}:c", "still here")
+    await _until(lambda: got == ["still here"])
