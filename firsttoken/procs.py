@@ -34,7 +34,8 @@ class Child:
         return self.popen.poll() is None
 
     def output(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def tail(self, chars: int = 3000) -> str:
@@ -47,6 +48,7 @@ class Child:
         except ProcessLookupError:
             pass
         self.popen.wait(10)
+        self._log.close()
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after `timeout` seconds."""
@@ -59,3 +61,22 @@ class Child:
             except ProcessLookupError:
                 pass
         self._log.close()
+
+
+def stop_all(children: list[Child]) -> None:
+    """Stop every child in turn. Interrupted meanwhile (a second Ctrl-C or SIGTERM, raised as
+    KeyboardInterrupt), it kills the rest at once instead of leaving them running, and raises
+    the interrupt once every child is gone."""
+    interrupted: KeyboardInterrupt | None = None
+    for child in children:
+        while True:
+            try:
+                if interrupted is None:
+                    child.stop()
+                else:
+                    child.kill()
+                break
+            except KeyboardInterrupt as exc:
+                interrupted = exc
+    if interrupted is not None:
+        raise interrupted

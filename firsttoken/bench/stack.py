@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from firsttoken.bench.profiles import Profile
-from firsttoken.procs import Child
+from firsttoken.procs import Child, stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -317,8 +317,14 @@ class BenchStack:
         return pids
 
     def close(self) -> None:
-        for child in self.procs.values():
-            child.stop()
+        """Stop every child, then remove the run's Redis keys, services and work dir (all of
+        it even when an interrupt arrives meanwhile; the interrupt is raised afterwards)."""
+        try:
+            stop_all(list(self.procs.values()))
+        finally:
+            self._remove_leftovers()
+
+    def _remove_leftovers(self) -> None:
         if self.redis_url and self.gateway_port:
             try:
                 import redis

@@ -163,6 +163,20 @@ class Stack:
     def wait_ready(self) -> None:
         wait_until(lambda: self.get("/readyz")[0] == 200, 30, what="readyz")
 
+    def wait_worker(self, name: str, queue: str = "chat") -> None:
+        """Wait until worker `name` heartbeats (a chat worker does once warm): /readyz alone
+        may still count a worker killed a moment ago, whose heartbeat has not expired."""
+        from shared.keys import Keys
+
+        key = Keys(self.prefix).worker_heartbeats(queue)
+        member = f"{name}-{self.prefix}@"
+        with self.redis() as client:
+            wait_until(
+                lambda: any(m.startswith(member) for m in client.zrange(key, 0, -1)),
+                60,
+                what=f"{name}'s heartbeat",
+            )
+
     def sim_metric(self, name: str) -> float:
         _, text = _http(f"http://127.0.0.1:{self.sim_port}/metrics")
         for line in text.splitlines():

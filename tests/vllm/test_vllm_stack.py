@@ -18,7 +18,9 @@ from tests.integration.test_stack import _usage
 from tests.support import wait_until
 from tests.vllm.conftest import SERVED, VLLMServer
 
-pytestmark = [pytest.mark.vllm, pytest.mark.integration]
+# The first test's set-up starts vLLM (up to 300 s on a fresh machine: torch compiles its
+# kernels) and then the stack; the default 120 s per test would cut that set-up off.
+pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(420)]
 
 LONG = 15000  # tokens of an answer long enough to be cancelled mid-stream
 
