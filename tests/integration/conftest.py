@@ -20,7 +20,7 @@ import pytest
 import redis
 import websockets
 
-from firsttoken.procs import Child
+from firsttoken.procs import Child, stop_all
 
 # The sim-server fixture of the engine-level tests (test_sim_server, test_openai_engine).
 from tests.integration.simserver import server  # noqa: F401
@@ -188,12 +188,13 @@ class Stack:
         return redis.Redis.from_url(self.services.redis_url, decode_responses=True)
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            proc.stop()
-        client = self.redis()
-        keys = list(client.scan_iter(f"{self.prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
+        try:
+            stop_all(list(self.procs.values()))  # a Ctrl-C meanwhile strands no process
+        finally:
+            with self.redis() as client:
+                keys = list(client.scan_iter(f"{self.prefix}:*", count=1000))
+                if keys:
+                    client.delete(*keys)
 
 
 def _migrate_and_key(database_url: str) -> str:
