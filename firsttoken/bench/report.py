@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from firsttoken.bench.stats import (
+    ENGINE_PROCESS,
     RequestResult,
     fmt_ms,
     markdown_table,
@@ -118,15 +119,16 @@ def before_after_table(
     return markdown_table(header, rows)
 
 
-# Column -> the process names (as in a run's CPU table) it sums; "stack" is their total.
-_CPU_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("client", ("client",)),
-    ("engine (sim)", ("sim",)),
-    ("gateway", ("gateway",)),
-    ("chat workers", ("worker-chat",)),
-    ("bulk worker", ("worker-bulk",)),
-    ("Redis", ("redis",)),
-    ("stack", ("stack",)),
+# Column -> the prefix of the process names it sums (as in a run's CPU table; "stack" is the
+# stack's processes together, see stats.cpu_ms_per_request).
+_CPU_GROUPS = (
+    ("client", "client"),
+    ("engine (sim)", ENGINE_PROCESS),
+    ("gateway", "gateway"),
+    ("chat workers", "worker-chat"),
+    ("bulk worker", "worker-bulk"),
+    ("Redis", "redis"),
+    ("stack", "stack"),
 )
 
 
@@ -147,9 +149,9 @@ def cpu_table(agg: Mapping[str, Any]) -> str:
             if not per:
                 continue
             cells = []
-            for _, prefixes in _CPU_GROUPS:
+            for _, prefix in _CPU_GROUPS:
                 vals = [
-                    v for name, v in per.items() if name.startswith(prefixes) and not math.isnan(v)
+                    v for name, v in per.items() if name.startswith(prefix) and not math.isnan(v)
                 ]
                 cells.append(f"{sum(vals):.2f}" if vals else "-")
             rel = entry.get("stack_cpu_per_engine_cpu", {}) if mode == "stack" else {}

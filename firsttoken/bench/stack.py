@@ -305,10 +305,6 @@ class BenchStack:
 
         wait_for(all_ready, 60, f"the stack with {chat_workers} chat workers (/readyz)", self.procs)
 
-    def cpu(self) -> dict[str, float]:
-        """CPU seconds each child has used so far."""
-        return {name: cpu_seconds(child.pid) for name, child in self.procs.items()}
-
     def pids(self) -> dict[str, int]:
         """The processes whose CPU a run reports: every child, and Redis when it is local."""
         pids = {name: child.pid for name, child in self.procs.items()}

@@ -267,6 +267,7 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") 
             "added_ttft_ms": {},
             "added_ttft_after_first_wave_ms": {},
         }
+        per_request_by_mode: dict[str, list[dict[str, float]]] = {}
         for mode, mode_runs in modes.items():
             summaries = [r["summary"] for r in mode_runs]
             agg: dict[str, Any] = {
@@ -283,7 +284,7 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") 
             agg["machine_busy"] = median_and_spread(
                 r.get("machine_busy", math.nan) for r in mode_runs
             )
-            per_request = [cpu_ms_per_request(r) for r in mode_runs]
+            per_request = per_request_by_mode[mode] = [cpu_ms_per_request(r) for r in mode_runs]
             names = sorted({name for p in per_request for name in p})
             agg["cpu_ms_per_request"] = {
                 name: median_and_spread(p.get(name, math.nan) for p in per_request)
@@ -297,7 +298,7 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") 
         # minutes apart, this ratio +-2%).
         entry["stack_cpu_per_engine_cpu"] = median_and_spread(
             per["stack"] / per[ENGINE_PROCESS]
-            for per in (cpu_ms_per_request(r) for r in modes.get("stack", []))
+            for per in per_request_by_mode.get("stack", [])
             if per.get(ENGINE_PROCESS, 0) > 0
         )
         for mode, mode_runs in modes.items():

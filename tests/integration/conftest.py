@@ -151,9 +151,13 @@ class Stack:
                 "--pool",
                 pool,
                 "--name",
-                f"{name}-{self.prefix}@%h",
+                f"{self._worker_name(name)}%h",
             ],
         )
+
+    def _worker_name(self, name: str) -> str:
+        """A test worker's name up to its host part (Celery's %h)."""
+        return f"{name}-{self.prefix}@"
 
     def start_gateway(self) -> None:
         self.gateway_port = free_port()
@@ -169,7 +173,7 @@ class Stack:
         from shared.keys import Keys
 
         key = Keys(self.prefix).worker_heartbeats(queue)
-        member = f"{name}-{self.prefix}@"
+        member = self._worker_name(name)
         with self.redis() as client:
             wait_until(
                 lambda: any(m.startswith(member) for m in client.zrange(key, 0, -1)),
