@@ -24,6 +24,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
 
     argv = ["--host", args.host] if args.host else []
     argv += ["--port", str(args.port)] if args.port is not None else []
+    argv += ["--reuse-port"] if args.reuse_port else []
     return main(argv)
 
 
@@ -193,6 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("gateway", _cmd_gateway, "Run one gateway process (websocket + health + metrics).")
     p.add_argument("--port", type=int, default=None, help="port (default FIRSTTOKEN_PORT)")
     p.add_argument("--host", default=None, help="bind address (default FIRSTTOKEN_HOST)")
+    p.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="share the port with other gateway processes on this host (SO_REUSEPORT)",
+    )
 
     p = add("worker", _cmd_worker, "Run one Celery worker process for the given queues.")
     p.add_argument(

@@ -3,10 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import socket
 
 import uvicorn
 
+from shared.errors import ConfigError
 from shared.settings import get_settings
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A socket bound with SO_REUSEPORT, so several gateway processes on this host listen on one
+    port and the kernel spreads new connections across them (no load balancer in front)."""
+    if not hasattr(socket, "SO_REUSEPORT"):
+        raise ConfigError("--reuse-port needs SO_REUSEPORT (Linux, BSD, macOS)")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port} with --reuse-port: {exc}") from exc
+    return sock
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,10 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--host", default=settings.host, help="bind address (FIRSTTOKEN_HOST)")
     parser.add_argument("--port", type=int, default=settings.port, help="port (FIRSTTOKEN_PORT)")
+    parser.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="share the port with the other gateway processes started with it on this host "
+        "(SO_REUSEPORT): one per core, the kernel spreads the connections",
+    )
     args = parser.parse_args(argv)
     from gateway.app import create_app
 
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
         host=args.host,
         port=args.port,
@@ -34,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         access_log=False,
         lifespan="on",
     )
+    server = uvicorn.Server(config)
+    if args.reuse_port:
+        server.run(sockets=[reuse_port_socket(args.host, args.port)])
+    else:
+        server.run()
     return 0
 
 

@@ -103,7 +103,13 @@ async def readyz(request: Request) -> Response:
     )
     ok = all(v == "ok" for v in checks.values())
     return JSONResponse(
-        {"status": "ready" if ok else "not ready", "checks": checks, "chat_workers": workers},
+        {
+            "status": "ready" if ok else "not ready",
+            "checks": checks,
+            "chat_workers": workers,
+            # Which process answered, where several share a port (gateway --reuse-port).
+            "gateway": gw.name,
+        },
         status_code=200 if ok else 503,
     )
 

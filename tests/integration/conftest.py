@@ -164,6 +164,15 @@ class Stack:
         self.start("gateway", ["-m", "gateway", "--port", str(self.gateway_port)])
         wait_until(lambda: port_open(self.gateway_port), 20, what="gateway")
 
+    def start_gateways(self, count: int) -> None:
+        """`count` gateway processes sharing one port (`--reuse-port`): gateway0, gateway1..."""
+        self.gateway_port = free_port()
+        for i in range(count):
+            self.start(
+                f"gateway{i}", ["-m", "gateway", "--port", str(self.gateway_port), "--reuse-port"]
+            )
+        wait_until(lambda: port_open(self.gateway_port), 20, what="gateways")
+
     def wait_ready(self) -> None:
         wait_until(lambda: self.get("/readyz")[0] == 200, 30, what="readyz")
 
