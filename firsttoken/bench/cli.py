@@ -142,6 +142,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="chat worker processes of the started stack (default %(default)s)",
     )
     p.add_argument(
+        "--gateways",
+        type=int,
+        default=1,
+        help="gateway processes of the started stack, sharing one port (default %(default)s)",
+    )
+    p.add_argument(
         "--worker-concurrency",
         type=int,
         default=1024,
@@ -300,7 +306,10 @@ class Bench:
 
         a = self.args
         self.stack = BenchStack(
-            self.profile, workers=a.workers, worker_concurrency=a.worker_concurrency
+            self.profile,
+            workers=a.workers,
+            worker_concurrency=a.worker_concurrency,
+            gateways=a.gateways,
         )
         self.stack.settings.update(dict(a.set))
         exits.callback(self.stack.close)
@@ -373,10 +382,18 @@ class Bench:
 
         limit = self.args.wait_idle
         deadline = time.monotonic() + self.args.wait_idle_max
+        told = False
         while True:
             busy = await asyncio.to_thread(machine_busy_share, 1.0)
             if limit is None or math.isnan(busy) or busy * 100 <= limit:
                 return busy
+            if not told:  # a silent wait of minutes looks like a hang
+                print(
+                    f"  machine {busy:.0%} busy; waiting up to {self.args.wait_idle_max:.0f}s "
+                    f"for <= {limit:g}% (--wait-idle)",
+                    flush=True,
+                )
+                told = True
             if time.monotonic() > deadline:
                 print(
                     f"  machine still {busy:.0%} busy after {self.args.wait_idle_max:.0f}s; "
@@ -521,6 +538,11 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.gateways < 1:
+        print(
+            f"firsttoken bench: --gateways must be at least 1, not {args.gateways}", file=sys.stderr
+        )
+        return 2
     if args.url and not args.api_key:
         print("firsttoken bench: --url needs --api-key", file=sys.stderr)
         return 2
@@ -587,6 +609,7 @@ def run(args: argparse.Namespace) -> int:
         "profile": dataclasses.asdict(get_profile(args.profile)),
         "stack": {
             "workers": args.workers,
+            "gateways": args.gateways,
             "worker_concurrency": args.worker_concurrency,
             "notes": notes,
         },

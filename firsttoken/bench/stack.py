@@ -164,6 +164,7 @@ class BenchStack:
     profile: Profile | None
     workers: int = 2
     worker_concurrency: int = 1024
+    gateways: int = 1  # more than one: processes sharing the port (gateway --reuse-port)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ft-bench-")))
     settings: dict[str, str] = field(default_factory=dict)
     prefix: str = field(default_factory=lambda: f"ftbench{uuid.uuid4().hex[:8]}")
@@ -293,17 +294,27 @@ class BenchStack:
         self._start_gateway(chat_workers=self.workers)
 
     def _start_gateway(self, chat_workers: int) -> None:
-        """Start the gateway; return once `/readyz` counts every chat worker started (a run
-        that began with one still warming up would measure fewer workers than it says)."""
+        """Start the gateway(s); return once `/readyz` counts every chat worker started (a run
+        that began with one still warming up would measure fewer workers than it says), on
+        every gateway process (each answers a new connection in turn, by the kernel's hash)."""
         self.gateway_port = free_port()
-        self._start("gateway", ["-m", "gateway", "--port", str(self.gateway_port)])
+        args = ["-m", "gateway", "--port", str(self.gateway_port)]
+        if self.gateways == 1:
+            self._start("gateway", args)
+        else:
+            for i in range(self.gateways):
+                self._start(f"gateway{i}", [*args, "--reuse-port"])
         ready = f"http://127.0.0.1:{self.gateway_port}/readyz"
+        answered: set[str] = set()  # the gateway processes found ready
 
         def all_ready() -> bool:
             status, body = http_get(ready)
-            return status == 200 and json.loads(body).get("chat_workers", 0) >= chat_workers
+            if status == 200 and json.loads(body).get("chat_workers", 0) >= chat_workers:
+                answered.add(json.loads(body).get("gateway", ""))
+            return len(answered) >= self.gateways
 
-        wait_for(all_ready, 60, f"the stack with {chat_workers} chat workers (/readyz)", self.procs)
+        what = f"{self.gateways} gateway(s) counting {chat_workers} chat workers (/readyz)"
+        wait_for(all_ready, 60, what, self.procs)
 
     def pids(self) -> dict[str, int]:
         """The processes whose CPU a run reports: every child, and Redis when it is local."""

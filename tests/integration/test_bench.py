@@ -66,7 +66,7 @@ def test_bench_runs_every_mode_and_writes_json(
 
 
 @pytest.mark.skipif(not redis_available(), reason="needs the machine's Redis")
-def test_open_loop_with_cache_counts_hits(tmp_path: Path) -> None:
+def test_open_loop_with_cache_counts_hits_through_two_gateways(tmp_path: Path) -> None:
     out = tmp_path / "open.json"
     rc = main(
         [
@@ -82,6 +82,8 @@ def test_open_loop_with_cache_counts_hits(tmp_path: Path) -> None:
             "0",
             "--workers",
             "1",
+            "--gateways",
+            "2",
             "--cache",
             "on",
             "--repeat-share",
@@ -92,6 +94,10 @@ def test_open_loop_with_cache_counts_hits(tmp_path: Path) -> None:
         ]
     )
     assert rc == 0
-    s = json.loads(out.read_text())["runs"][0]["summary"]
+    data = json.loads(out.read_text())
+    s = data["runs"][0]["summary"]
     assert s["requests"] == 12 and s["errors"] == 0
+    # Both gateway processes were started, found ready, and had their CPU read.
+    assert data["stack"]["gateways"] == 2
+    assert {"gateway0", "gateway1"} <= set(data["runs"][0]["server_cpu_share"])
     assert 0 <= s["cached"] <= s["ok"]  # hits only once the stack has an answer cache
