@@ -101,6 +101,11 @@ def build_prompt(parts: PromptParts, budget: Budget, count: TokenCounter) -> Bui
 
     # Assembly can merge tokens across boundaries either way: drop until the exact count fits.
     while True:
+        if summary is None and not context and not history:
+            # Only the template and the question (a first turn without sources): the prompt
+            # already assembled and counted, which fits.
+            messages, tokens = base, base_tokens
+            break
         messages = _assemble(parts, summary=summary, context=context, history=history)
         tokens = count_messages(messages, count, budget)
         if tokens <= budget.total:

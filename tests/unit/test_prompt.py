@@ -55,6 +55,16 @@ def test_count_is_of_the_assembled_messages() -> None:
     assert built.history_sent == 6 and built.summary_sent
 
 
+def test_a_first_turn_is_the_template_and_the_question_counted_once() -> None:
+    """No history, summary or context: the system prompt and the question, exactly counted."""
+    parts = PromptParts(Template(), ZH + EN, [], client_system="Answer in French.")
+    built = build_prompt(parts, Budget(4096), COUNTER)
+    assert [m.role for m in built.messages] == ["system", "user"]
+    assert "Answer in French." in built.messages[0].content
+    assert built.prompt_tokens == count_messages(built.messages, COUNTER, Budget(4096))
+    assert (built.history_sent, built.summary_sent, built.chunk_ids) == (0, False, ())
+
+
 def test_lowest_scoring_context_gives_way_first() -> None:
     """With room for one chunk, the best-scoring one is kept and its id reported."""
     chunks = [ContextChunk("kb:low", EN * 4, 0.4), ContextChunk("kb:high", EN * 4, 0.9)]
