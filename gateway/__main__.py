@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import socket
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 
 from shared.errors import ConfigError
 from shared.settings import get_settings
@@ -59,11 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         lifespan="on",
     )
     server = uvicorn.Server(config)
-    if args.reuse_port:
-        server.run(sockets=[reuse_port_socket(args.host, args.port)])
-    else:
-        server.run()
-    return 0
+    sockets = [reuse_port_socket(args.host, args.port)] if args.reuse_port else None
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=sockets)
+    # As uvicorn.run: a server that never started (its port taken, say) is a failure.
+    return 0 if server.started else STARTUP_FAILURE
 
 
 if __name__ == "__main__":

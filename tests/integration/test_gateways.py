@@ -69,3 +69,21 @@ def test_reuse_port_socket_binds_beside_its_peers_and_names_a_taken_port() -> No
     finally:
         for sock in (first, second, plain):
             sock.close()
+
+
+def test_a_gateway_whose_port_is_taken_exits_with_a_startup_failure(
+    services: Services, migrated: str, tmp_path: Path
+) -> None:
+    """As `uvicorn.run` does: status 3 and uvicorn's message naming the address, not 0."""
+    with make_stack(services, migrated, tmp_path, workers=0, bulk=False, gateway=False) as stack:
+        held = socket.socket()
+        try:
+            held.bind(("127.0.0.1", 0))
+            held.listen()
+            port = held.getsockname()[1]
+            gateway = stack.start("gateway", ["-m", "gateway", "--port", str(port)])
+            wait_until(lambda: not gateway.alive(), 60, what="the gateway to give up")
+            assert gateway.popen.returncode == 3
+            assert "address already in use" in gateway.output()
+        finally:
+            held.close()
