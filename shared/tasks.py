@@ -70,6 +70,10 @@ class MessagesRecord(BaseModel):
     created_at: float
 
 
+# Built once: json.dumps with non-default separators makes a new encoder on every call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 def new_id() -> str:
     return uuid.uuid4().hex
 
@@ -106,7 +110,7 @@ def task_message(
     body = [[], kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
     envelope = {
         # No body_encoding: kombu hands a plain JSON body to the JSON decoder as is.
-        "body": json.dumps(body, separators=(",", ":")),
+        "body": _COMPACT.encode(body),
         "content-encoding": "utf-8",
         "content-type": "application/json",
         "headers": headers,
@@ -119,7 +123,7 @@ def task_message(
             "delivery_tag": new_id(),
         },
     }
-    return json.dumps(envelope, separators=(",", ":"))
+    return _COMPACT.encode(envelope)
 
 
 class TaskCall(BaseModel):
