@@ -63,6 +63,15 @@ class Child:
         self._log.close()
 
 
+def gateway_args(port: int, count: int = 1) -> dict[str, list[str]]:
+    """Python arguments of `count` gateway processes on `port`, by child name: one is
+    "gateway"; several are gateway0, gateway1... sharing the port (`--reuse-port`)."""
+    args = ["-m", "gateway", "--port", str(port)]
+    if count == 1:
+        return {"gateway": args}
+    return {f"gateway{i}": [*args, "--reuse-port"] for i in range(count)}
+
+
 def stop_all(children: list[Child]) -> None:
     """Stop every child in turn. Interrupted meanwhile (a second Ctrl-C or SIGTERM, raised as
     KeyboardInterrupt), it kills the rest at once instead of leaving them running, and raises

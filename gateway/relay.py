@@ -39,8 +39,9 @@ Handler = Callable[[str], None]
 
 CONFIRM_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
-# Channels per SUBSCRIBE when subscribing to everything again after a reconnect.
-RESUBSCRIBE_BATCH = 1000
+# Channels per SUBSCRIBE or UNSUBSCRIBE command that names many (after a reconnect, and
+# finished channels leaving together).
+CHANNELS_PER_COMMAND = 1000
 # How long finished jobs' channels wait to leave, together, in one UNSUBSCRIBE. Off every
 # chat's path (a channel's handler goes at once, so a late message is dropped here); one
 # command per finished chat cost Redis 6% more CPU per chat at 50 streams.
@@ -211,8 +212,8 @@ class Relay:
         self._leaving.clear()
         if self._transport is None:
             return  # a new connection subscribes only the channels with handlers
-        for i in range(0, len(names), RESUBSCRIBE_BATCH):
-            self._transport.write(pack((b"UNSUBSCRIBE", *names[i : i + RESUBSCRIBE_BATCH])))
+        for i in range(0, len(names), CHANNELS_PER_COMMAND):
+            self._transport.write(pack((b"UNSUBSCRIBE", *names[i : i + CHANNELS_PER_COMMAND])))
 
     # --- connection ---------------------------------------------------------------------
     async def _connect(self) -> None:
@@ -226,8 +227,8 @@ class Relay:
         self._leaving.clear()  # this connection has none of the old one's subscriptions
         transport.writelines(self._address.handshake(self._client_name))
         names = list(self._handlers)  # every channel again, after a reconnect
-        for i in range(0, len(names), RESUBSCRIBE_BATCH):
-            transport.write(pack((b"SUBSCRIBE", *names[i : i + RESUBSCRIBE_BATCH])))
+        for i in range(0, len(names), CHANNELS_PER_COMMAND):
+            transport.write(pack((b"SUBSCRIBE", *names[i : i + CHANNELS_PER_COMMAND])))
 
     def _lost(self, protocol: _Protocol, exc: Exception | None) -> None:
         if protocol is not self._protocol:

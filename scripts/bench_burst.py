@@ -15,52 +15,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import websockets
-
+from firsttoken.bench.loadgen import StackClient
 from firsttoken.bench.profiles import get_profile
 from firsttoken.bench.stack import BenchStack, cpu_seconds
 
 
-async def _chat(ws: Any, chat_id: str) -> bool:
-    await ws.send(
-        json.dumps(
-            {
-                "type": "chat",
-                "id": chat_id,
-                "messages": [{"role": "user", "content": f"burst question {chat_id}"}],
-                "cache": False,
-                "max_tokens": 1,
-            }
-        )
-    )
-    while True:
-        frame = json.loads(await ws.recv())
-        if frame["type"] in ("done", "error"):
-            return bool(frame["type"] == "done")
-
-
 async def _measure(stack: BenchStack, streams: int, bursts: int) -> dict[str, float]:
-    headers = {"Authorization": f"Bearer {stack.api_key}"}
-    conns = [
-        await websockets.connect(stack.ws_url, additional_headers=headers) for _ in range(streams)
-    ]
+    client = StackClient(
+        stack.ws_url, stack.api_key, connections=streams, max_tokens=1, cache=False
+    )
+    await client.open()
     try:
-        for i, ws in enumerate(conns):
-            await _chat(ws, f"warm{i}")
+        # One chat per connection at a time: the client spreads a burst over its connections.
+        await asyncio.gather(*(client.send(f"warm {i}") for i in range(streams)))
         pids = stack.pids()
         before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         answered = 0
         for b in range(bursts):
-            done = await asyncio.gather(*(_chat(ws, f"b{b}-{i}") for i, ws in enumerate(conns)))
-            answered += sum(done)
+            results = await asyncio.gather(
+                *(client.send(f"burst question {b}-{i}") for i in range(streams))
+            )
+            answered += sum(r.error is None for r in results)
             await asyncio.sleep(0.2)  # let the tail (usage rows, unsubscribes) settle
         if answered < streams * bursts:
             raise RuntimeError(f"only {answered} of {streams * bursts} chats were answered")
@@ -68,8 +49,7 @@ async def _measure(stack: BenchStack, streams: int, bursts: int) -> dict[str, fl
             name: (cpu_seconds(pid) - before[name]) * 1000 / answered for name, pid in pids.items()
         }
     finally:
-        for ws in conns:
-            await ws.close()
+        await client.close()
 
 
 def main() -> int:

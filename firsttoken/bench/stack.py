@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from firsttoken.bench.profiles import Profile
-from firsttoken.procs import Child, stop_all
+from firsttoken.procs import Child, gateway_args, stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -298,19 +298,17 @@ class BenchStack:
         that began with one still warming up would measure fewer workers than it says), on
         every gateway process (each answers a new connection in turn, by the kernel's hash)."""
         self.gateway_port = free_port()
-        args = ["-m", "gateway", "--port", str(self.gateway_port)]
-        if self.gateways == 1:
-            self._start("gateway", args)
-        else:
-            for i in range(self.gateways):
-                self._start(f"gateway{i}", [*args, "--reuse-port"])
+        for name, args in gateway_args(self.gateway_port, self.gateways).items():
+            self._start(name, args)
         ready = f"http://127.0.0.1:{self.gateway_port}/readyz"
         answered: set[str] = set()  # the gateway processes found ready
 
         def all_ready() -> bool:
             status, body = http_get(ready)
-            if status == 200 and json.loads(body).get("chat_workers", 0) >= chat_workers:
-                answered.add(json.loads(body).get("gateway", ""))
+            if status == 200:
+                state = json.loads(body)
+                if state.get("chat_workers", 0) >= chat_workers:
+                    answered.add(state.get("gateway", ""))
             return len(answered) >= self.gateways
 
         what = f"{self.gateways} gateway(s) counting {chat_workers} chat workers (/readyz)"

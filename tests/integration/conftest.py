@@ -20,7 +20,7 @@ import pytest
 import redis
 import websockets
 
-from firsttoken.procs import Child, stop_all
+from firsttoken.procs import Child, gateway_args, stop_all
 
 # The sim-server fixture of the engine-level tests (test_sim_server, test_openai_engine).
 from tests.integration.simserver import server  # noqa: F401
@@ -159,19 +159,12 @@ class Stack:
         """A test worker's name up to its host part (Celery's %h)."""
         return f"{name}-{self.prefix}@"
 
-    def start_gateway(self) -> None:
+    def start_gateway(self, count: int = 1) -> None:
+        """One gateway ("gateway"), or `count` sharing one port (gateway0, gateway1...)."""
         self.gateway_port = free_port()
-        self.start("gateway", ["-m", "gateway", "--port", str(self.gateway_port)])
+        for name, args in gateway_args(self.gateway_port, count).items():
+            self.start(name, args)
         wait_until(lambda: port_open(self.gateway_port), 20, what="gateway")
-
-    def start_gateways(self, count: int) -> None:
-        """`count` gateway processes sharing one port (`--reuse-port`): gateway0, gateway1..."""
-        self.gateway_port = free_port()
-        for i in range(count):
-            self.start(
-                f"gateway{i}", ["-m", "gateway", "--port", str(self.gateway_port), "--reuse-port"]
-            )
-        wait_until(lambda: port_open(self.gateway_port), 20, what="gateways")
 
     def wait_ready(self) -> None:
         wait_until(lambda: self.get("/readyz")[0] == 200, 30, what="readyz")

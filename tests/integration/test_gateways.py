@@ -40,7 +40,7 @@ async def test_two_gateways_share_a_port_and_survive_each_other(
     services: Services, migrated: str, tmp_path: Path, connect: Any
 ) -> None:
     with make_stack(services, migrated, tmp_path, gateway=False) as stack:
-        stack.start_gateways(2)
+        stack.start_gateway(2)
         wait_until(lambda: len(_answering(stack, 10)) == 2, 60, what="both gateways ready")
         # Connections spread over both processes; every chat is answered whole.
         clients = [await connect(stack) for _ in range(8)]
