@@ -7,6 +7,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -15,6 +16,7 @@ from celery import Celery
 from shared.keys import Keys
 from shared.tasks import TaskCall, task_message
 from tests.integration.conftest import Services
+from tests.support import free_port, throwaway_redis_server
 from workers.consumer import QueueConsumer, priority_lists
 
 
@@ -180,3 +182,37 @@ async def test_a_failing_task_frees_its_slot(prefixed: tuple[aioredis.Redis, Key
     finally:
         consumer.stop()
         await asyncio.wait_for(reader, 5)
+
+
+async def test_reads_again_after_redis_restarts_and_stops_while_redis_is_gone(
+    tmp_path: Path,
+) -> None:
+    """A read cut off by Redis going away is retried until Redis is back (the next chat runs);
+    a stop while Redis is gone ends the reader instead of waiting for Redis."""
+    port = free_port()
+    server = throwaway_redis_server(port, tmp_path)
+    url = f"redis://127.0.0.1:{port}/0"
+    reader_client = aioredis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=2)
+    pusher = aioredis.Redis.from_url(url)
+    queue = "ftcons:restart"
+    recorder = Recorder()
+    try:
+        consumer = QueueConsumer(reader_client, priority_lists(queue), {"t.chat": recorder}, 4, 0.5)
+        reader = await _start(consumer)
+        await asyncio.sleep(0.1)  # the first read is waiting in Redis
+        server.terminate()
+        server.wait(10)
+        server = throwaway_redis_server(port, tmp_path)
+        await pusher.lpush(queue, task_message("t.chat", {}, queue="chat", task_id="after"))
+        assert await asyncio.wait_for(recorder.started.get(), 10) == "after"
+        server.terminate()
+        server.wait(10)
+        await asyncio.sleep(0.2)  # the reader finds Redis gone
+        consumer.stop()
+        await asyncio.wait_for(reader, 3)  # at most the retry's backoff, 0.2 s here
+        assert [c.task_id for c in recorder.calls] == ["after"]
+    finally:
+        await pusher.aclose()
+        await reader_client.aclose()
+        server.terminate()
+        server.wait(10)
