@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from firsttoken.bench.loadgen import StackClient
 from firsttoken.bench.profiles import get_profile
-from firsttoken.bench.stack import BenchStack, cpu_seconds
+from firsttoken.bench.stack import BenchStack
 
 
 def cpu_ns(pid: int) -> int:
@@ -58,9 +58,10 @@ async def _measure(
         # One chat per connection at a time: the client spreads a burst over its connections.
         await asyncio.gather(*(client.send(f"warm {i}") for i in range(streams)))
         pids = stack.pids()
-        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-        pids["client"] = os.getpid()
-        in_window = dict.fromkeys(pids, 0)
+        if window_s:
+            pids["client"] = os.getpid()
+        spent = dict.fromkeys(pids, 0)  # ns of CPU: whole chats, or the windows only
+        whole = {name: cpu_ns(pid) for name, pid in pids.items()}
         answered = 0
         for b in range(bursts):
             burst = asyncio.gather(
@@ -70,19 +71,15 @@ async def _measure(
                 start = {name: cpu_ns(pid) for name, pid in pids.items()}
                 await asyncio.sleep(window_s)
                 for name, pid in pids.items():
-                    in_window[name] += cpu_ns(pid) - start[name]
+                    spent[name] += cpu_ns(pid) - start[name]
             results = await burst
             answered += sum(r.error is None for r in results)
             await asyncio.sleep(0.2)  # let the tail (usage rows, unsubscribes) settle
         if answered < streams * bursts:
             raise RuntimeError(f"only {answered} of {streams * bursts} chats were answered")
-        if window_s:
-            return {name: ns / 1e6 / answered for name, ns in in_window.items()}
-        return {
-            name: (cpu_seconds(pid) - before[name]) * 1000 / answered
-            for name, pid in pids.items()
-            if name != "client"
-        }
+        if not window_s:
+            spent = {name: cpu_ns(pid) - whole[name] for name, pid in pids.items()}
+        return {name: ns / 1e6 / answered for name, ns in spent.items()}
     finally:
         await client.close()
 
