@@ -18,7 +18,6 @@ import aiohttp
 
 from firsttoken.bench.loadgen import _loads
 from firsttoken.bench.stats import RequestResult
-from shared.engines.openai_engine import streaming_session
 
 # Compact JSON (vLLM, the simulator) and json.dumps' default spacing (LiteLLM).
 _CONTENT = (b'"content":"', b'"content": "')
@@ -47,7 +46,14 @@ class DirectClient:
         self._session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
-        self._session = streaming_session(self._connections, self._timeout)
+        # Pooled keep-alive connections, no body decompression, no cookies.
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self._connections),
+            timeout=self._timeout,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("Accept-Encoding",),
+        )
 
     async def close(self) -> None:
         if self._session is not None:

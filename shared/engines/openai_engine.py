@@ -1,17 +1,19 @@
 """The engine over any OpenAI-compatible server (``vllm serve``, the sim server, others).
 
-One pooled aiohttp session per engine, and one engine per process: a chat worker holds many
-streams at once, and a fresh connection per request would add a TCP handshake to every
+One pool of keep-alive connections per engine, and one engine per process: a chat worker holds
+many streams at once, and a fresh connection per request would add a TCP handshake to every
 time-to-first-token.
 
 The request is one POST of ``/chat/completions`` with ``stream: true``, sent straight on the
-pool, and the server-sent events are split and parsed here. Sessions 1-3 sent it through
-``openai.AsyncOpenAI`` (with this module's aiohttp transport under it): the SDK's per-request
-pipeline (options model, URL and header merging, httpx's request, auth and cookie layers)
-measured 14-17% of a chat worker's CPU at 50 streams, about 2 ms per chat on the benchmark
-host, all of it in front of the first token, for a request that is a fixed JSON body and two
-headers. vLLM's own serving benchmark talks to its server the same way. The SDK stays the
-reference client of the test suite (``tests/integration/test_sim_server.py``).
+pool (``shared/engines/httpstream.py``, an HTTP/1.1 client on httptools), and the server-sent
+events are split as they arrive. Sessions 1-3 sent it through ``openai.AsyncOpenAI``: the SDK's
+per-request pipeline (options model, URL and header merging, httpx's request, auth and cookie
+layers) measured 14-17% of a chat worker's CPU at 50 streams, about 2 ms per chat on the
+benchmark host, all of it in front of the first token, for a request that is a fixed JSON body
+and two headers. Sessions 4-11 sent it through aiohttp, 400-800 µs of CPU per request and ~45
+µs per token (see httpstream's docstring). vLLM's own serving benchmark talks to its server the
+same way. The SDK stays the reference client of the test suite
+(``tests/integration/test_sim_server.py``).
 
 Stopping early always closes the HTTP response, which closes its connection (a half-read
 response cannot go back to the pool); vLLM sees the disconnect and aborts the request, so
@@ -30,15 +32,14 @@ token. Deadlines on the first token and between tokens are applied around every 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from http import HTTPStatus
 from typing import Any
 
-import aiohttp
-
 from shared.engines.base import Delta, EngineRequest, EngineStats
+from shared.engines.httpstream import HTTPStreamPool, StreamedResponse
 from shared.errors import ConfigError, EngineError
 from shared.settings import Settings
 
@@ -47,9 +48,9 @@ from shared.settings import Settings
 RETRY_BACKOFF_S = 0.05
 # Statuses that mean "this server cannot take it right now", not "this request is wrong".
 RETRYABLE_STATUS = frozenset({502, 503, 504})
-# Far above any one worker's concurrency: the pool must never be what queues a request.
-MAX_CONNECTIONS = 1000
-KEEPALIVE_S = 15.0
+# Idle connections are dropped after this long: below uvicorn's (so vLLM's) 5 s keep-alive,
+# so the pool rarely reuses one the server is closing.
+KEEPALIVE_S = 4.0
 # An error body is read this far for its message.
 ERROR_BODY_BYTES = 64 * 1024
 
@@ -75,29 +76,27 @@ class OpenAIEngine:
         self.url = url
         self.retries = settings.engine_retries
         self.stats = EngineStats()
-        self._chat_url = url.rstrip("/") + "/chat/completions"
-        self._headers = {
-            "Authorization": f"Bearer {api_key or settings.engine_api_key}",
-            "Content-Type": "application/json",
-            "Accept": "text/event-stream",
-            "User-Agent": "firsttoken",
-        }
         # No read timeout: a long answer may stream for minutes; the generation stage's
         # first-token and idle deadlines (shared/engines/deadlines.py) decide when silence is
         # too long. Connecting must fail fast, though.
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=settings.engine_connect_timeout_s
+        try:
+            self._http = HTTPStreamPool(
+                url, connect_timeout_s=settings.engine_connect_timeout_s, keepalive_s=KEEPALIVE_S
+            )
+        except ValueError as exc:
+            raise ConfigError(f"engine URL {url!r}: {exc}; use http://HOST:PORT/v1") from None
+        self._head = self._http.request_head(
+            "/chat/completions",
+            {
+                "Authorization": f"Bearer {api_key or settings.engine_api_key}",
+                "Content-Type": "application/json",
+                "Accept": "text/event-stream",
+                "User-Agent": "firsttoken",
+            },
         )
-        self._session: aiohttp.ClientSession | None = None
-        self._streams: dict[str, aiohttp.ClientResponse] = {}  # request id -> its response
+        self._streams: dict[str, StreamedResponse] = {}  # request id -> its response
         self._active: set[str] = set()
         self._aborted: set[str] = set()
-
-    def _pool(self) -> aiohttp.ClientSession:
-        """The pooled session, made on first use on the running loop."""
-        if self._session is None or self._session.closed:
-            self._session = streaming_session(MAX_CONNECTIONS, self._timeout)
-        return self._session
 
     async def stream(
         self, request: EngineRequest, *, request_id: str
@@ -153,13 +152,10 @@ class OpenAIEngine:
         finally:
             self.stats.running -= 1
             del self._streams[request_id]
-            if response.content.at_eof():
-                response.release()
-            else:
-                # Half-read: drop the connection, which is how the server learns we left.
-                response.close()
+            # Half-read: the connection is dropped, which is how the server learns we left.
+            response.close()
 
-    async def _send(self, request: EngineRequest) -> aiohttp.ClientResponse:
+    async def _send(self, request: EngineRequest) -> StreamedResponse:
         """POST the request; the open response once the server has answered 200."""
         body: dict[str, Any] = {
             "model": request.model,
@@ -171,30 +167,29 @@ class OpenAIEngine:
         if request.temperature is not None:  # unset, the server applies the model's default
             body["temperature"] = request.temperature
         try:
-            response = await self._pool().post(
-                self._chat_url, data=json.dumps(body).encode(), headers=self._headers
-            )
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
-            # Refused or unresolvable, or a pooled connection the server had closed.
-            raise EngineUnavailable(f"engine at {self.url} unreachable: {exc!r}") from exc
-        except TimeoutError as exc:  # aiohttp's connect deadline
+            response = await self._http.post(self._head, json.dumps(body).encode())
+        except TimeoutError as exc:  # the connect deadline
             raise EngineError(f"engine at {self.url} timed out connecting: {exc!r}") from exc
-        except (aiohttp.ClientError, OSError) as exc:
+        except OSError as exc:
+            # Refused, unresolvable, or the connection dropped before an answer.
             raise EngineUnavailable(f"engine at {self.url} unreachable: {exc!r}") from exc
         if response.status != 200:
-            async with response:
+            try:
                 detail = await _error_detail(response)
+            finally:
+                response.close()
             error = EngineUnavailable if response.status in RETRYABLE_STATUS else EngineError
             raise error(f"engine at {self.url} returned HTTP {response.status}: {detail}")
         return response
 
     async def _deltas(
-        self, response: aiohttp.ClientResponse, request_id: str
+        self, response: StreamedResponse, request_id: str
     ) -> AsyncGenerator[Delta, None]:
         finish_reason: str | None = None
         prompt_tokens = completion_tokens = None
+        next_data = response.next_data
         try:
-            async for data in sse_data(response.content.iter_any()):
+            while (data := await next_data()) is not None:
                 if data == b"[DONE]":
                     break
                 chunk = json.loads(data)
@@ -218,7 +213,7 @@ class OpenAIEngine:
             if request_id in self._aborted:
                 yield Delta(finish_reason="abort")
                 return
-            if isinstance(exc, aiohttp.ClientError | OSError | TimeoutError):
+            if isinstance(exc, OSError | TimeoutError):
                 # Once streaming, a connection error means the server went away mid-answer.
                 raise EngineError(f"engine at {self.url} broke off the stream: {exc!r}") from exc
             if isinstance(exc, ValueError | TypeError | AttributeError | KeyError):
@@ -249,64 +244,21 @@ class OpenAIEngine:
     async def aclose(self) -> None:
         for request_id in list(self._active):
             await self.abort(request_id)
-        if self._session is not None:
-            with contextlib.suppress(Exception):
-                await self._session.close()
-            # aiohttp closes its sockets on the next loop turn.
-            await asyncio.sleep(0)
+        await self._http.aclose()
 
 
-def streaming_session(limit: int, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
-    """A pooled aiohttp session for streamed responses (call on the running loop): no body
-    decompression, no cookies, keep-alive connections up to `limit`."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=KEEPALIVE_S),
-        timeout=timeout,
-        auto_decompress=False,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        skip_auto_headers=("Accept-Encoding",),
-    )
-
-
-async def sse_data(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
-    """The `data:` payloads of a server-sent event stream, from its raw bytes.
-
-    Lines are split here, on the network reads as they come, rather than by a line reader
-    (more generator layers and a text decode per read, on every token of every stream). An
-    event with several `data:` lines is not joined: OpenAI-compatible servers send one line
-    per chunk.
-    """
-    pending = b""
-    async for chunk in chunks:
-        if pending:
-            chunk = pending + chunk
-        lines = chunk.split(b"\n")
-        pending = lines.pop()  # an incomplete last line waits for the next read
-        for line in lines:
-            if line.startswith(b"data:"):
-                yield line[5:].strip()
-    if pending.startswith(b"data:"):
-        yield pending[5:].strip()
-
-
-async def _error_detail(response: aiohttp.ClientResponse) -> str:
+async def _error_detail(response: StreamedResponse) -> str:
     """The server's own message from an error response: OpenAI's and vLLM's
     ``{"error": {"message": ...}}``, older vLLM's ``{"message": ...}``, else the text."""
-    raw = b""
     try:
-        while len(raw) < ERROR_BODY_BYTES:  # read() returns what has arrived, up to n
-            chunk = await response.content.read(ERROR_BODY_BYTES - len(raw))
-            if not chunk:
-                break
-            raw += chunk
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        if not raw:
-            return f"(no body: {exc!r})"
+        raw = await response.read_raw(ERROR_BODY_BYTES)
+    except OSError as exc:
+        return f"(no body: {exc!r})"
     text = raw.decode("utf-8", "replace").strip()
     try:
         body = json.loads(text)
     except ValueError:
-        return text[:500] or response.reason or "(empty body)"
+        return text[:500] or _reason(response.status)
     if isinstance(body, dict):
         error = body.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
@@ -316,3 +268,10 @@ async def _error_detail(response: aiohttp.ClientResponse) -> str:
         if isinstance(body.get("message"), str):
             return str(body["message"])
     return text[:500]
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "(empty body)"
