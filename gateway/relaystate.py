@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+import orjson
+
 from shared.errors import EngineError, error_frame
 from shared.protocol import CHUNK_DONE, CHUNK_ERROR, CHUNK_STARTED, CHUNK_TOKEN, decode_chunk, dumps
 from shared.timing import stage_timings
@@ -20,6 +22,8 @@ class Step:
     frames: list[str] = field(default_factory=list)
     repair: bool = False  # fetch the replay stream and call apply_repair
     finished: bool = False
+    # Prompt + completion tokens from the worker's `done` (None: no usable usage in it).
+    used: int | None = None
 
 
 @dataclass(slots=True)
@@ -82,7 +86,7 @@ class RelayState:
         elif kind == CHUNK_STARTED:
             self.started = True
         elif kind == CHUNK_DONE:
-            data = json.loads(payload)
+            data = orjson.loads(payload)
             if int(data.get("chunks", 0)) > self.next_seq:
                 if repairing:
                     self._gap(step)
@@ -91,6 +95,7 @@ class RelayState:
                     step.repair = True
                 return
             step.frames.append(self._done_frame(data, now))
+            step.used = usage_total(data.get("usage") or {})
             self.finished = step.finished = True
         elif kind == CHUNK_ERROR:
             step.frames.append(self._renamed(payload) if self.rename else payload)
@@ -125,3 +130,13 @@ class RelayState:
         points["done_sent"] = now
         data["timings"] = stage_timings(points)
         return dumps(data)
+
+
+def usage_total(usage: object) -> int | None:
+    """Prompt + completion tokens of a `done` frame's usage; None when it has none."""
+    if not isinstance(usage, dict):
+        return None
+    try:
+        return int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
+    except (ValueError, TypeError):
+        return None

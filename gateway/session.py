@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -332,8 +331,8 @@ class Session:
         if step.repair:
             self.gw.spawn(self._repair(job))
         if step.finished:
-            if job.admission is not None and step.frames:
-                job.used = _done_usage(step.frames[-1])
+            if job.admission is not None:
+                job.used = step.used
             self.gw.spawn(self.stop_job(job, notify_worker=False))
 
     def repair(self, job: Job) -> None:
@@ -400,14 +399,3 @@ class Session:
         state.finished = True
         self.send_error(state.chat_id, exc)
         self.gw.spawn(self.stop_job(job, notify_worker=True))
-
-
-def _done_usage(frame: str) -> int | None:
-    """Prompt + completion tokens of a relayed `done` frame; None for any other frame."""
-    if not frame.startswith('{"type":"done"'):
-        return None
-    try:
-        usage = json.loads(frame).get("usage") or {}
-        return int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
-    except (ValueError, TypeError, AttributeError):
-        return None

@@ -13,6 +13,7 @@ import json
 import uuid
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict
 
 from shared.protocol import Message
@@ -144,7 +145,7 @@ def parse_task_message(raw: bytes | str) -> TaskCall:
     Raises ValueError saying what is wrong with a message that is not such a task call.
     """
     try:
-        envelope = json.loads(raw)
+        envelope = orjson.loads(raw)
         headers = envelope["headers"]
         body: Any = envelope["body"]
         if envelope.get("content-type", "application/json") != "application/json":
@@ -153,7 +154,7 @@ def parse_task_message(raw: bytes | str) -> TaskCall:
             )
         if envelope.get("properties", {}).get("body_encoding") == "base64":
             body = base64.b64decode(body)
-        args, kwargs, _embed = json.loads(body)
+        args, kwargs, _embed = orjson.loads(body)
         return TaskCall(name=headers["task"], task_id=headers["id"], args=args, kwargs=kwargs)
     except ValueError as exc:
         raise ValueError(f"not a Celery protocol-2 JSON task message: {exc}") from exc

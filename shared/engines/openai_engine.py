@@ -38,6 +38,8 @@ from contextlib import aclosing
 from http import HTTPStatus
 from typing import Any
 
+import orjson
+
 from shared.engines.base import Delta, EngineRequest, EngineStats
 from shared.engines.httpstream import HTTPStreamPool, StreamedResponse
 from shared.errors import ConfigError, EngineError
@@ -192,7 +194,7 @@ class OpenAIEngine:
             while (data := await next_data()) is not None:
                 if data == b"[DONE]":
                     break
-                chunk = json.loads(data)
+                chunk = orjson.loads(data)
                 if chunk.get("error") is not None:
                     error = chunk["error"]
                     message = error.get("message") if isinstance(error, dict) else error

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.relaystate import RelayState
+from gateway.relaystate import RelayState, usage_total
 from shared.protocol import dumps, encode_chunk, encode_token
 
 
@@ -47,6 +47,15 @@ def test_done_frame_gets_gateway_timings_and_loses_internal_fields() -> None:
     assert step.finished and "chunks" not in frame and "points" not in frame
     assert frame["timings"]["ttft_ms"] == 10.0 and frame["timings"]["total_ms"] == 20.0
     assert frame["timings"]["queue_ms"] == 1.0
+    assert step.used == 2  # prompt + completion tokens, for the rate limiter's settlement
+
+
+def test_used_tokens_only_from_a_done_with_usable_usage() -> None:
+    assert RelayState("c", received_at=100.0).feed(tok(0), 100.01).used is None
+    assert usage_total({"prompt_tokens": "3", "completion_tokens": 4}) == 7
+    assert usage_total({}) == 0
+    assert usage_total({"prompt_tokens": "many"}) is None
+    assert usage_total(None) is None
 
 
 def test_a_gap_holds_messages_and_repair_restores_order() -> None:
