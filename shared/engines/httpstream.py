@@ -238,6 +238,9 @@ class _Connection(asyncio.Protocol):
         keep = self.parser.should_keep_alive()
         if response is not None:
             response._done()
+            if response._paused:  # all of it is in: the next response must not start paused
+                response._paused = False
+                self.resume()
         if keep and not self.closed:
             self.pool._idle_again(self)
         else:

@@ -174,6 +174,25 @@ async def test_reading_pauses_while_the_consumer_is_behind_and_nothing_is_lost()
         assert got == [b"%d %s" % (i, pad) for i in range(count)]
 
 
+async def test_a_response_complete_while_paused_leaves_its_connection_reading() -> None:
+    """Many small events in one read: reading pauses, yet the whole response is in. Abandoned
+    unread, its connection goes back to the pool, and the next request on it is answered."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(sse_response(*(b"%d" % i for i in range(HIGH_WATER * 2))))
+        await read_request(reader)
+        writer.write(sse_response(b"next"))
+
+    async with serving(handler) as (server, pool):
+        response = await pool.post(pool.request_head("/chat", {}), b"{}")
+        await asyncio.sleep(0.1)
+        assert response.complete and response.buffered == HIGH_WATER * 2
+        response.close()  # never read
+        assert await asyncio.wait_for(post(pool), 2.0) == [b"next"]
+        assert server.connections == 1
+
+
 async def test_error_status_gives_its_body_whole() -> None:
     body = b'{"error": {"message": "model not found"}}'
 
