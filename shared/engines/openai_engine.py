@@ -169,7 +169,7 @@ class OpenAIEngine:
         if request.temperature is not None:  # unset, the server applies the model's default
             body["temperature"] = request.temperature
         try:
-            response = await self._http.post(self._head, json.dumps(body).encode())
+            response = await self._http.post(self._head, orjson.dumps(body))
         except TimeoutError as exc:  # the connect deadline
             raise EngineError(f"engine at {self.url} timed out connecting: {exc!r}") from exc
         except OSError as exc:
