@@ -10,7 +10,7 @@ events are split as they arrive. Sessions 1-3 sent it through ``openai.AsyncOpen
 per-request pipeline (options model, URL and header merging, httpx's request, auth and cookie
 layers) measured 14-17% of a chat worker's CPU at 50 streams, about 2 ms per chat on the
 benchmark host, all of it in front of the first token, for a request that is a fixed JSON body
-and two headers. Sessions 4-11 sent it through aiohttp, 400-800 µs of CPU per request and ~45
+and two headers. Sessions 4-11 sent it through aiohttp, 420-720 µs of CPU per request and ~50
 µs per token (see httpstream's docstring). vLLM's own serving benchmark talks to its server the
 same way. The SDK stays the reference client of the test suite
 (``tests/integration/test_sim_server.py``).
