@@ -8,6 +8,7 @@ import re
 
 import pytest
 from kombu.transport.virtual.base import Channel
+from kombu.utils import json as kombu_json
 
 from shared.keys import Keys
 from shared.tasks import parse_task_message, task_message
@@ -61,6 +62,17 @@ def test_parse_reads_back_what_task_message_wrote() -> None:
         [],
         {"job": {"a": 1}},
     )
+
+
+def test_non_ascii_text_reads_back_the_same_for_kombu_and_for_the_consumer() -> None:
+    """Bodies carry non-ASCII as UTF-8 (no \\u escapes): kombu's JSON decoder (the Celery pool)
+    and parse_task_message (the asyncio pool) both read the text back unchanged."""
+    text = "Grüße aus 北京 🙂"
+    raw = task_message("firsttoken.chat", {"job": {"q": text}}, queue="chat", task_id="abc")
+    assert text in raw
+    body = Channel.decode_body(None, json.loads(raw)["body"], None)  # type: ignore[arg-type]
+    assert kombu_json.loads(body)[1] == {"job": {"q": text}}
+    assert parse_task_message(raw.encode()).kwargs == {"job": {"q": text}}
 
 
 def test_parse_reads_a_base64_body_as_celerys_producer_writes_it() -> None:
