@@ -4,10 +4,11 @@ Why not aiohttp here: a chat worker sends one POST per chat and reads one server
 token, and both sit on the first token's path. Through aiohttp's client (request and response
 objects, header multidicts, its stream reader) that cost 420-720 µs of CPU per request and ~50
 µs per token on session 12's host, against 260-360 and ~39 here (``python
-scripts/bench_engine_client.py``), in a process whose CPU a burst of chats waits on. The request here is one prebuilt header block and a JSON body;
-the response is parsed by httptools (llhttp, the parser under uvicorn), and its body is split
-into `data:` payloads in the protocol's own callback, so a token costs one wake-up of the task
-that reads it and no generator layers.
+scripts/bench_engine_client.py``), in a process whose CPU a burst of chats waits on. The
+request here is one prebuilt header block and a JSON body; the response is parsed by httptools
+(llhttp, the parser under uvicorn), and its body is split into `data:` payloads in the
+protocol's own callback, so a token costs one wake-up of the task that reads it and no
+generator layers.
 
 What it does not do, on purpose: redirects, cookies, proxies, compression (it never asks for
 it), request bodies that stream. What it does: keep-alive reuse (idle connections are dropped
@@ -62,7 +63,6 @@ class StreamedResponse:
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
         self._paused = False
-        self.body_bytes = 0  # bytes of body received so far
         self.complete = False  # the whole response has arrived
 
     @property
@@ -122,7 +122,6 @@ class StreamedResponse:
             self.headers.set_result(None)
 
     def _body(self, data: bytes) -> None:
-        self.body_bytes += len(data)
         payloads, self._pending = sse_payloads(self._pending, data)
         if not payloads:
             return
@@ -134,7 +133,6 @@ class StreamedResponse:
 
     def _raw_body(self, data: bytes) -> None:
         """A non-event body (an error's JSON): kept whole, one payload per read."""
-        self.body_bytes += len(data)
         self._payloads.append(data)
         self._wake()
 
