@@ -203,8 +203,12 @@ async def get_context() -> WorkerContext:
 
 async def close_context() -> None:
     global _context
+    from workers.cache_stage import close_stage
     from workers.db import close_database
 
+    # The cache stage's follower reads the context's Redis: stopped first, it does not see its
+    # connection closed under a blocking read (a traceback on every clean stop).
+    await close_stage()
     if _context is not None:
         ctx, _context = _context, None
         await ctx.close()

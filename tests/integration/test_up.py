@@ -60,5 +60,7 @@ def test_up_serves_a_chat_on_embedded_defaults_and_stops_cleanly(tmp_path: Path)
         code = up.wait(30)
     assert code == 0, log.read_text()
     assert "firsttoken: stopped" in log.read_text()
+    # A stop is not a failure: no child prints a traceback on its way out.
+    assert "Traceback" not in log.read_text(), log.read_text()
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert f"--port {port}" not in ps
