@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
 
+from firsttoken.bench.direct import streaming_session  # noqa: E402
 from shared.engines.base import EngineRequest  # noqa: E402
 from shared.engines.httpstream import sse_payloads  # noqa: E402
 from shared.engines.openai_engine import OpenAIEngine  # noqa: E402
@@ -69,12 +70,8 @@ def aiohttp_client(url: str) -> tuple[Stream, Callable[[], Awaitable[None]]]:
     async def stream(max_tokens: int) -> AsyncIterator[str]:
         nonlocal session
         if session is None:
-            session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=1000, keepalive_timeout=4.0),
-                auto_decompress=False,
-                cookie_jar=aiohttp.DummyCookieJar(),
-                skip_auto_headers=("Accept-Encoding",),
-            )
+            # The bench's direct-mode session: the reading the engine did until session 12.
+            session = streaming_session(1000, aiohttp.ClientTimeout(total=None))
         body: dict[str, Any] = {
             "model": "sim",
             "messages": [{"role": "user", "content": PROMPT}],

@@ -25,6 +25,18 @@ _EMPTY = (b'"content":""', b'"content": ""')
 _USAGE = b'"usage":{'
 
 
+def streaming_session(limit: int, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+    """A pooled aiohttp session for streamed responses (call on the running loop): keep-alive
+    connections up to `limit`, no body decompression, no cookies."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit),
+        timeout=timeout,
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=("Accept-Encoding",),
+    )
+
+
 class DirectClient:
     """Streams chat completions from ``base_url`` (e.g. http://127.0.0.1:8100/v1)."""
 
@@ -46,14 +58,7 @@ class DirectClient:
         self._session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
-        # Pooled keep-alive connections, no body decompression, no cookies.
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self._connections),
-            timeout=self._timeout,
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=("Accept-Encoding",),
-        )
+        self._session = streaming_session(self._connections, self._timeout)
 
     async def close(self) -> None:
         if self._session is not None:

@@ -75,9 +75,6 @@ class StreamedResponse:
         (or ProtocolError) when the connection ended before the response did."""
         while not self._payloads:
             if self.complete:
-                if self._pending.startswith(b"data:"):
-                    last, self._pending = self._pending[5:].strip(), b""
-                    return last
                 return None
             if self._error is not None:
                 raise self._error
@@ -137,6 +134,9 @@ class StreamedResponse:
         self._wake()
 
     def _done(self) -> None:
+        if self._pending:  # a last line without its newline: the end of the body ends it
+            self._payloads.extend(sse_payloads(self._pending, b"\n")[0])
+            self._pending = b""
         self.complete = True
         self._wake()
 

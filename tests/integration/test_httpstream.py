@@ -97,6 +97,17 @@ async def test_request_line_headers_and_body_reach_the_server() -> None:
     assert request.endswith(b'\r\n\r\n{"q":1}')
 
 
+async def test_a_last_event_without_its_newline_ends_with_the_body() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        head = sse_response()[: -len(b"0\r\n\r\n")]
+        event = b"data: [DONE]"
+        writer.write(head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(event), event))
+
+    async with serving(handler) as (_, pool):
+        assert await post(pool) == [b"[DONE]"]
+
+
 async def test_keep_alive_reuses_one_connection() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:

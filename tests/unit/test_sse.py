@@ -13,9 +13,7 @@ def _data(*chunks: bytes) -> list[bytes]:
     for chunk in chunks:
         payloads, pending = sse_payloads(pending, chunk)
         out += payloads
-    if pending.startswith(b"data:"):
-        out.append(pending[5:].strip())
-    return out
+    return out + sse_payloads(pending, b"\n")[0]  # the end of the body ends the last line
 
 
 def test_one_event_per_read() -> None:
