@@ -198,7 +198,14 @@ class ChatRun:
             )
             return False
         self._queued_cancel = self.publisher.start(now, self.ctx.keys.cancel_flag(job.job_id))
+        self._queued_cancel.add_done_callback(self._on_start_reply)
         return True
+
+    def _on_start_reply(self, reply: asyncio.Future[object]) -> None:
+        """Cancelled while queued: stop at once, wherever the chat is (the engine request
+        may already be out; it is aborted)."""
+        if not reply.cancelled() and reply.exception() is None and reply.result():
+            self.cancel()
 
     async def _check_queued_cancel(self) -> None:
         """Before anything is sent: stop a chat the client cancelled while it was queued (rare;
@@ -244,23 +251,28 @@ class ChatRun:
         self.model = prepared.model
         self.prompt_tokens = prepared.built.prompt_tokens
         self.generation = job_generation(self.ctx, prepared.job, self.publisher)
-        # The engine starts now, while a semantic lookup may still be embedding; its first
-        # token waits at `go` until the lookup has missed (or lost the race).
-        first_ready, go = asyncio.Event(), asyncio.Event()
-        generate = self._spawn(self._generate(first_ready, go))
-        # Off the first token's path: this runs while the engine works on it.
+        # Off the first token's path: started now, it runs once the engine request is out.
         retrieve.start_background(prepared)
-        if lookup is not None and not lookup.done():
+        if lookup is None or lookup.done():
+            # Nothing to race: this task sends the engine request itself, in this step, so
+            # the request leaves ahead of whatever else waits on the loop (a new task would
+            # start behind it all).
+            result = await self._generate()
+        else:
+            # The engine starts now, while a semantic lookup may still be embedding; its
+            # first token waits at `go` until the lookup has missed (or lost the race).
+            first_ready, go = asyncio.Event(), asyncio.Event()
+            generate = self._spawn(self._generate(first_ready, go))
             engine_first = self._spawn(first_ready.wait())
             await asyncio.wait(
                 {lookup, engine_first, generate}, return_when=asyncio.FIRST_COMPLETED
             )
             if await self._served_from_cache(lookup):
                 return
-        await self._check_queued_cancel()
-        go.set()
-        finish_reason, engine_prompt_tokens = await generate
-        await self._finish(prepared, finish_reason, engine_prompt_tokens, lookup)
+            await self._check_queued_cancel()
+            go.set()
+            result = await generate
+        await self._finish(prepared, *result, lookup)
 
     # --- stages ---------------------------------------------------------------------------
     def _cacheable(self) -> bool:
@@ -320,16 +332,22 @@ class ChatRun:
         return True
 
     async def _generate(
-        self, first_ready: asyncio.Event, go: asyncio.Event
+        self, first_ready: asyncio.Event | None = None, go: asyncio.Event | None = None
     ) -> tuple[str, int | None]:
         """Drive the whole engine stream from one task (its deadlines are asyncio timeouts,
-        bound to the task that iterates); publish nothing before `go`."""
+        bound to the task that iterates). Nothing is published before the `started` chunk's
+        reply has said the job was not cancelled while queued, nor, with `go`, before it is
+        set (its caller checked that reply)."""
         assert self.generation is not None
         deltas = self.generation.stream()
         async with contextlib.aclosing(deltas):
             first = await _next(deltas)
-            first_ready.set()
-            await go.wait()
+            if go is None:
+                await self._check_queued_cancel()
+            else:
+                assert first_ready is not None
+                first_ready.set()
+                await go.wait()
             return await self._relay(first, deltas)
 
     async def _relay(

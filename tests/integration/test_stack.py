@@ -310,6 +310,53 @@ def test_a_job_past_its_queue_deadline_is_dropped_not_run(stack: Stack) -> None:
     assert stack.sim_metric("firsttoken_sim_requests_started_total") == started
 
 
+def test_a_job_cancelled_while_queued_streams_nothing_and_leaves_no_engine_request(
+    stack: Stack,
+) -> None:
+    """The client cancelled while the job waited in the queue (the gateway set its cancel
+    flag): the worker sends no token, ends the job `cancelled`, and the engine is left with
+    no request running (one sent meanwhile is aborted)."""
+    keys = Keys(stack.prefix)
+    r = stack.redis()
+    job_id = new_id()
+    r.set(keys.cancel_flag(job_id), "1", ex=60)
+    pubsub = r.pubsub()
+    pubsub.subscribe(keys.job_channel(job_id))
+    finished = stack.sim_metric("firsttoken_sim_requests_finished_total")
+    now = time.time()
+    job = ChatJob(
+        job_id=job_id,
+        chat_id="gone",
+        tenant_id="t",
+        key_id="k",
+        messages=[{"role": "user", "content": "cancelled before it ran"}],  # type: ignore[list-item]
+        max_tokens=8,
+        received_at=now,
+        enqueued_at=now,
+        deadline_at=now + 30,
+    )
+    r.lpush(
+        keys.queue_list(CHAT_QUEUE),
+        task_message(CHAT_TASK, {"job": job.model_dump()}, queue=CHAT_QUEUE, task_id=job_id),
+    )
+    kinds: list[str] = []
+    deadline = time.monotonic() + 10
+    while "E" not in kinds and time.monotonic() < deadline:
+        m = pubsub.get_message(timeout=0.5)
+        if m and m["type"] == "message":
+            kinds.append(m["data"][:1])
+            if m["data"].startswith("E\n"):
+                error = json.loads(m["data"].split("\n", 1)[1])
+    pubsub.close()
+    assert kinds == ["S", "E"], kinds
+    assert error["code"] == "cancelled"
+    deadline = time.monotonic() + 5
+    while stack.sim_metric("firsttoken_sim_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stack.sim_metric("firsttoken_sim_requests_running") == 0
+    assert stack.sim_metric("firsttoken_sim_requests_finished_total") == finished
+
+
 async def test_the_celery_pool_runs_the_same_chats(
     services: Any, migrated: str, tmp_path: Any
 ) -> None:
