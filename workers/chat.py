@@ -31,6 +31,7 @@ from shared.engines.base import Delta
 from shared.errors import Cancelled, DeadlineExceeded, FirstTokenError, error_frame
 from shared.heap import freeze_startup_objects
 from shared.keys import CHAT_QUEUE, CHAT_TASK
+from shared.prompt import BuiltPrompt
 from shared.protocol import CHUNK_DONE, CHUNK_ERROR, dumps
 from shared.settings import get_settings
 from shared.tasks import ChatJob, TaskCall
@@ -142,7 +143,8 @@ class ChatRun:
             Coalescer(ctx.settings.flush_interval_ms / 1000.0, ctx.settings.flush_max_chars),
         )
         self.model = job.model or ctx.models.default
-        self.prompt_tokens = self.completion_tokens = 0
+        self.completion_tokens = 0
+        self._built: BuiltPrompt | None = None
         self.generation: Generation | None = None
         self.cache: CacheStage | None = None
         self.lookup = Lookup(tier="off")
@@ -155,6 +157,11 @@ class ChatRun:
         # awaited helper task, and the chat would then run on. The flag is checked at every
         # step that publishes.
         self.cancel_requested = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt's tokens as sent to the engine (0 before the prompt is built)."""
+        return 0 if self._built is None else self._built.prompt_tokens
 
     def cancel(self) -> None:
         """Stop this chat wherever it is (the client cancelled or went away)."""
@@ -249,10 +256,12 @@ class ChatRun:
                 return
         self.points["retrieval_done"] = time.time()
         self.model = prepared.model
-        self.prompt_tokens = prepared.built.prompt_tokens
+        self._built = prepared.built
         self.generation = job_generation(self.ctx, prepared.job, self.publisher)
-        # Off the first token's path: started now, it runs once the engine request is out.
+        # Off the first token's path: started now, these run once the engine request is out
+        # (a first turn's prompt may go out before its tokens are counted: see BuiltPrompt).
         retrieve.start_background(prepared)
+        asyncio.get_running_loop().call_soon(getattr, prepared.built, "prompt_tokens")
         if lookup is None or lookup.done():
             # Nothing to race: this task sends the engine request itself, in this step, so
             # the request leaves ahead of whatever else waits on the loop (a new task would

@@ -8,7 +8,10 @@ client's error (`invalid_request`), not something to cut silently.
 
 The count returned is of the messages actually built, counted whole after assembly (a sum of
 the parts' counts can differ from the count of their concatenation by a token or two), so
-``done.usage.prompt_tokens`` is exactly what was sent to the engine.
+``done.usage.prompt_tokens`` is exactly what was sent to the engine. A first turn without
+sources (the template and the question only) has nothing that could give way: when the
+counter's quick bound shows it fits, its count is taken on first use of ``prompt_tokens``
+instead, so a chat worker can send the prompt before it spends time counting it.
 """
 
 from __future__ import annotations
@@ -59,15 +62,25 @@ class PromptParts:
     client_system: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BuiltPrompt:
     messages: tuple[Message, ...]
-    prompt_tokens: int
     chunk_ids: tuple[str, ...]
     history_sent: int
     history_dropped: int
     context_dropped: int
     summary_sent: bool
+    # The exact count, or None until the first read of prompt_tokens takes it.
+    tokens: int | None
+    counting: tuple[TokenCounter, Budget] | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens of ``messages`` as the engine sees them (counted on first use if need be)."""
+        if self.tokens is None:
+            assert self.counting is not None
+            self.tokens = count_messages(self.messages, *self.counting)
+        return self.tokens
 
 
 def count_messages(messages: Sequence[Message], count: TokenCounter, budget: Budget) -> int:
@@ -76,10 +89,34 @@ def count_messages(messages: Sequence[Message], count: TokenCounter, budget: Bud
     return body + budget.reply_priming
 
 
+def _at_most(messages: Sequence[Message], count: TokenCounter, budget: Budget) -> int | None:
+    """An upper bound of count_messages() from the counter's quick bounds (None: it has none)."""
+    total = budget.reply_priming
+    for m in messages:
+        bound = count.at_most(m.content)
+        if bound is None:
+            return None
+        total += bound + budget.per_message
+    return total
+
+
 def build_prompt(parts: PromptParts, budget: Budget, count: TokenCounter) -> BuiltPrompt:
     """The prompt for ``parts`` that fits ``budget``; raises InvalidRequest if even the
     template and the question alone do not fit."""
     base = _assemble(parts, summary=None, context=(), history=())
+    if not (parts.summary or parts.context or parts.history):
+        bound = _at_most(base, count, budget)
+        if bound is not None and bound <= budget.total:
+            return BuiltPrompt(
+                messages=base,
+                chunk_ids=(),
+                history_sent=0,
+                history_dropped=0,
+                context_dropped=0,
+                summary_sent=False,
+                tokens=None,
+                counting=(count, budget),
+            )
     base_tokens = count_messages(base, count, budget)
     if base_tokens > budget.total:
         raise InvalidRequest(
@@ -118,12 +155,12 @@ def build_prompt(parts: PromptParts, budget: Budget, count: TokenCounter) -> Bui
             summary = None
     return BuiltPrompt(
         messages=messages,
-        prompt_tokens=tokens,
         chunk_ids=tuple(c.id for c in context),
         history_sent=len(history),
         history_dropped=len(parts.history) - len(history),
         context_dropped=len(parts.context) - len(context),
         summary_sent=summary is not None,
+        tokens=tokens,
     )
 
 

@@ -30,6 +30,11 @@ class TokenCounter(Protocol):
 
     def count(self, text: str) -> int: ...
 
+    def at_most(self, text: str) -> int | None:
+        """A quick upper bound of ``count(text)``, or None where there is none short of
+        counting."""
+        ...
+
 
 class HFTokenizerCounter:
     """The served model's own tokenizer, from its ``tokenizer.json``."""
@@ -50,6 +55,11 @@ class HFTokenizerCounter:
         if not text:
             return 0
         return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def at_most(self, text: str) -> int | None:
+        # A tokenizer's normalizer may expand text (NFKC turns one character into up to 18):
+        # no bound short of counting.
+        return None
 
 
 class TiktokenCounter:
@@ -72,6 +82,10 @@ class TiktokenCounter:
         # disallowed_special=(): user text may contain "<|endoftext|>"; it is plain text here.
         return len(self._enc.encode(text, disallowed_special=()))
 
+    def at_most(self, text: str) -> int:
+        # Byte-level BPE: every token stands for at least one byte of the text.
+        return len(text.encode())
+
 
 class RememberingCounter:
     """A counter that remembers the counts of recent texts up to ``max_chars``: a chat counts
@@ -89,6 +103,9 @@ class RememberingCounter:
         if len(text) > self._max_chars:
             return self._inner.count(text)
         return self._remembered(text)
+
+    def at_most(self, text: str) -> int | None:
+        return self._inner.at_most(text)
 
 
 _lock = threading.Lock()

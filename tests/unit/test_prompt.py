@@ -123,9 +123,57 @@ def test_remembered_counts_equal_the_tokenizers_and_long_texts_are_not_kept() ->
             calls.append(text)
             return inner.count(text)
 
+        def at_most(self, text: str) -> int | None:
+            return None
+
     counter = RememberingCounter(Counting(), max_chars=100, size=8)
     short, long = "You are a helpful assistant.", "word " * 50
     assert [counter.count(short) for _ in range(3)] == [inner.count(short)] * 3
     assert [counter.count(long) for _ in range(2)] == [inner.count(long)] * 2
     assert calls == [short, long, long]  # the short text once, the long one every time
     assert counter.name == inner.name
+
+
+@pytest.mark.parametrize(
+    "text", ["", "a", "hi?", EN, ZH, "🙂🚀 " * 20, "<|endoftext|> <|fim_prefix|>", "\x00\u200b" * 9]
+)
+def test_the_quick_bound_is_never_below_the_count(text: str) -> None:
+    """tiktoken's bound (the text's bytes) holds for any text, special-token text included."""
+    bound = COUNTER.at_most(text)
+    assert bound is not None and COUNTER.count(text) <= bound
+
+
+def test_a_first_turn_that_surely_fits_is_counted_on_first_use() -> None:
+    """Template and question only, well within the budget: built without counting; the count
+    read later is the exact count of the messages built."""
+    from shared.prompt.tokens import RememberingCounter, TiktokenCounter
+
+    inner = TiktokenCounter()
+    calls: list[str] = []
+
+    class Counting:
+        name = inner.name
+
+        def count(self, text: str) -> int:
+            calls.append(text)
+            return inner.count(text)
+
+        def at_most(self, text: str) -> int | None:
+            return inner.at_most(text)
+
+    counter = RememberingCounter(Counting())
+    built = build_prompt(PromptParts(Template(), ZH + EN), Budget(4096), counter)
+    assert calls == []
+    assert built.prompt_tokens == count_messages(built.messages, COUNTER, Budget(4096))
+    assert built.prompt_tokens == built.prompt_tokens and len(calls) == 2  # counted once
+
+
+def test_a_first_turn_near_the_budget_is_counted_before_it_is_sent() -> None:
+    """When the bound does not show that it fits, the question is counted (and refused if it
+    really does not fit), as without the bound."""
+    question = EN * 20
+    exact = build_prompt(PromptParts(Template(), question), Budget(4096), COUNTER).prompt_tokens
+    tight = build_prompt(PromptParts(Template(), question), Budget(exact), COUNTER)
+    assert tight.tokens == exact  # counted while building: the bound was over the budget
+    with pytest.raises(InvalidRequest):
+        build_prompt(PromptParts(Template(), question), Budget(exact - 1), COUNTER)
