@@ -274,39 +274,52 @@ def test_health_ready_and_metrics(stack: Stack) -> None:
     assert code == 200 and "firsttoken_gateway_chats_total" in text
 
 
-def test_a_job_past_its_queue_deadline_is_dropped_not_run(stack: Stack) -> None:
-    """A chat task that waited past its deadline gets `timeout` and never reaches the engine."""
-    started = stack.sim_metric("firsttoken_sim_requests_started_total")
+def _enqueue_directly(
+    stack: Stack, content: str, *, age_s: float, deadline_in_s: float, cancelled: bool = False
+) -> list[str]:
+    """Put a chat job on the queue as a gateway would (received `age_s` ago, its deadline
+    `deadline_in_s` from now; with `cancelled`, its cancel flag set as the gateway sets it when
+    the client cancels a queued chat) and return its channel's messages up to its first error
+    (at most 10 s)."""
     keys = Keys(stack.prefix)
     r = stack.redis()
     job_id = new_id()
+    if cancelled:
+        r.set(keys.cancel_flag(job_id), "1", ex=60)
     pubsub = r.pubsub()
     pubsub.subscribe(keys.job_channel(job_id))
     now = time.time()
     job = ChatJob(
         job_id=job_id,
-        chat_id="late",
+        chat_id="direct",
         tenant_id="t",
         key_id="k",
-        messages=[{"role": "user", "content": "too late"}],  # type: ignore[list-item]
+        messages=[{"role": "user", "content": content}],  # type: ignore[list-item]
         max_tokens=8,
-        received_at=now - 20,
-        enqueued_at=now - 20,
-        deadline_at=now - 10,
+        received_at=now - age_s,
+        enqueued_at=now - age_s,
+        deadline_at=now + deadline_in_s,
     )
     r.lpush(
         keys.queue_list(CHAT_QUEUE),
         task_message(CHAT_TASK, {"job": job.model_dump()}, queue=CHAT_QUEUE, task_id=job_id),
     )
+    messages: list[str] = []
     deadline = time.monotonic() + 10
-    message = None
-    while message is None and time.monotonic() < deadline:
+    while not any(m.startswith("E\n") for m in messages) and time.monotonic() < deadline:
         m = pubsub.get_message(timeout=0.5)
         if m and m["type"] == "message":
-            message = m["data"]
+            messages.append(m["data"])
     pubsub.close()
-    assert message is not None and message.startswith("E\n")
-    assert json.loads(message.split("\n", 1)[1])["code"] == "timeout"
+    return messages
+
+
+def test_a_job_past_its_queue_deadline_is_dropped_not_run(stack: Stack) -> None:
+    """A chat task that waited past its deadline gets `timeout` and never reaches the engine."""
+    started = stack.sim_metric("firsttoken_sim_requests_started_total")
+    messages = _enqueue_directly(stack, "too late", age_s=20, deadline_in_s=-10)
+    assert len(messages) == 1 and messages[0].startswith("E\n")
+    assert json.loads(messages[0].split("\n", 1)[1])["code"] == "timeout"
     assert stack.sim_metric("firsttoken_sim_requests_started_total") == started
 
 
@@ -316,40 +329,12 @@ def test_a_job_cancelled_while_queued_streams_nothing_and_leaves_no_engine_reque
     """The client cancelled while the job waited in the queue (the gateway set its cancel
     flag): the worker sends no token, ends the job `cancelled`, and the engine is left with
     no request running (one sent meanwhile is aborted)."""
-    keys = Keys(stack.prefix)
-    r = stack.redis()
-    job_id = new_id()
-    r.set(keys.cancel_flag(job_id), "1", ex=60)
-    pubsub = r.pubsub()
-    pubsub.subscribe(keys.job_channel(job_id))
     finished = stack.sim_metric("firsttoken_sim_requests_finished_total")
-    now = time.time()
-    job = ChatJob(
-        job_id=job_id,
-        chat_id="gone",
-        tenant_id="t",
-        key_id="k",
-        messages=[{"role": "user", "content": "cancelled before it ran"}],  # type: ignore[list-item]
-        max_tokens=8,
-        received_at=now,
-        enqueued_at=now,
-        deadline_at=now + 30,
+    messages = _enqueue_directly(
+        stack, "cancelled before it ran", age_s=0, deadline_in_s=30, cancelled=True
     )
-    r.lpush(
-        keys.queue_list(CHAT_QUEUE),
-        task_message(CHAT_TASK, {"job": job.model_dump()}, queue=CHAT_QUEUE, task_id=job_id),
-    )
-    kinds: list[str] = []
-    deadline = time.monotonic() + 10
-    while "E" not in kinds and time.monotonic() < deadline:
-        m = pubsub.get_message(timeout=0.5)
-        if m and m["type"] == "message":
-            kinds.append(m["data"][:1])
-            if m["data"].startswith("E\n"):
-                error = json.loads(m["data"].split("\n", 1)[1])
-    pubsub.close()
-    assert kinds == ["S", "E"], kinds
-    assert error["code"] == "cancelled"
+    assert [m[:1] for m in messages] == ["S", "E"], messages
+    assert json.loads(messages[1].split("\n", 1)[1])["code"] == "cancelled"
     deadline = time.monotonic() + 5
     while stack.sim_metric("firsttoken_sim_requests_running") and time.monotonic() < deadline:
         time.sleep(0.05)

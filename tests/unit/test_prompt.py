@@ -17,11 +17,30 @@ from shared.prompt import (
     counter_for,
     parse_templates,
 )
+from shared.prompt.tokens import TokenCounter
 from shared.protocol import Message
 
 COUNTER = counter_for(None)
 EN = "The quarterly report shows revenue grew by twelve percent while costs stayed flat. "
 ZH = "季度报告显示收入增长了百分之十二\uff0c而成本保持不变。我们需要讨论下一步的计划。"
+
+
+class _Counting:
+    """A counter that records every text it counts (its quick bound, with `bound`, is the
+    inner counter's)."""
+
+    def __init__(self, inner: TokenCounter, calls: list[str], *, bound: bool) -> None:
+        self.name = inner.name
+        self._inner = inner
+        self._calls = calls
+        self._bound = bound
+
+    def count(self, text: str) -> int:
+        self._calls.append(text)
+        return self._inner.count(text)
+
+    def at_most(self, text: str) -> int | None:
+        return self._inner.at_most(text) if self._bound else None
 
 
 def _conversation(turns: int, seed: int) -> list[Message]:
@@ -115,18 +134,7 @@ def test_remembered_counts_equal_the_tokenizers_and_long_texts_are_not_kept() ->
 
     inner = TiktokenCounter()
     calls: list[str] = []
-
-    class Counting:
-        name = inner.name
-
-        def count(self, text: str) -> int:
-            calls.append(text)
-            return inner.count(text)
-
-        def at_most(self, text: str) -> int | None:
-            return None
-
-    counter = RememberingCounter(Counting(), max_chars=100, size=8)
+    counter = RememberingCounter(_Counting(inner, calls, bound=False), max_chars=100, size=8)
     short, long = "You are a helpful assistant.", "word " * 50
     assert [counter.count(short) for _ in range(3)] == [inner.count(short)] * 3
     assert [counter.count(long) for _ in range(2)] == [inner.count(long)] * 2
@@ -150,18 +158,7 @@ def test_a_first_turn_that_surely_fits_is_counted_on_first_use() -> None:
 
     inner = TiktokenCounter()
     calls: list[str] = []
-
-    class Counting:
-        name = inner.name
-
-        def count(self, text: str) -> int:
-            calls.append(text)
-            return inner.count(text)
-
-        def at_most(self, text: str) -> int | None:
-            return inner.at_most(text)
-
-    counter = RememberingCounter(Counting())
+    counter = RememberingCounter(_Counting(inner, calls, bound=True))
     built = build_prompt(PromptParts(Template(), ZH + EN), Budget(4096), counter)
     assert calls == []
     assert built.prompt_tokens == count_messages(built.messages, COUNTER, Budget(4096))
