@@ -7,7 +7,6 @@ the gateway's own timing points added.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import orjson
@@ -116,7 +115,7 @@ class RelayState:
         self.finished = step.finished = True
 
     def _renamed(self, payload: str) -> str:
-        frame = json.loads(payload)
+        frame = orjson.loads(payload)
         frame["id"] = self.chat_id
         return dumps(frame)
 

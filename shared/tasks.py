@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from shared.protocol import Message
+from shared.protocol import Message, dumps
 
 
 class ChatJob(BaseModel):
@@ -70,11 +70,6 @@ class MessagesRecord(BaseModel):
     created_at: float
 
 
-def _compact(value: object) -> str:
-    """Compact JSON, non-ASCII text as is (orjson; the stdlib's encoder took ~4x longer)."""
-    return orjson.dumps(value).decode()
-
-
 def new_id() -> str:
     return uuid.uuid4().hex
 
@@ -111,7 +106,7 @@ def task_message(
     body = [[], kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
     envelope = {
         # No body_encoding: kombu hands a plain JSON body to the JSON decoder as is.
-        "body": _compact(body),
+        "body": dumps(body),
         "content-encoding": "utf-8",
         "content-type": "application/json",
         "headers": headers,
@@ -124,7 +119,7 @@ def task_message(
             "delivery_tag": new_id(),
         },
     }
-    return _compact(envelope)
+    return dumps(envelope)
 
 
 class TaskCall(BaseModel):
