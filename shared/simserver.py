@@ -5,9 +5,11 @@ matters (SSE framing, the role chunk first, ``data: [DONE]``), so the ``openai``
 is exercised exactly as against vLLM. One difference on purpose: the streamed usage chunk is
 always sent, even without ``stream_options.include_usage``, so every stream reports tokens.
 
-A client that disconnects mid-stream aborts its request: uvicorn reports the disconnect,
-Starlette cancels the body iterator, and :class:`_SSEResponse` closes it so the engine
-counts the abort at once rather than when the generator is garbage-collected.
+A client that disconnects mid-stream aborts its request: uvicorn reports the disconnect, and
+:func:`_stream_response` cancels the sending task and closes the body iterator, so the engine
+counts the abort at once rather than when the generator is garbage-collected. A streamed
+answer is sent without Starlette's response class and middleware (the simulator's CPU is the
+benchmark's, and it shares the machine with the stack it measures).
 
 Fault modes (``--status``, ``--fail-rate``, ``--stall-after``, ``--malformed-after``,
 ``--drop-after``; see :class:`Faults`) make it misbehave the ways a real model server does, for
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import random
 import sys
@@ -34,9 +37,9 @@ from prometheus_client.registry import Collector
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shared.engines.base import Delta, EngineRequest
 from shared.engines.sim import SimEngine, SimOptions
@@ -154,6 +157,12 @@ def _sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
+@functools.lru_cache(maxsize=4096)
+def _json_string(text: str) -> bytes:
+    """A token's text as a JSON string (the same few hundred words recur in every answer)."""
+    return json.dumps(text).encode()
+
+
 def _usage(delta: Delta) -> dict[str, int]:
     prompt, completion = delta.prompt_tokens or 0, delta.completion_tokens or 0
     return {
@@ -163,24 +172,46 @@ def _usage(delta: Delta) -> dict[str, int]:
     }
 
 
-async def _sse_events(
-    engine: SimEngine, request: EngineRequest, completion_id: str, faults: Faults | None = None
-) -> AsyncGenerator[bytes, None]:
-    head = {
-        "id": completion_id,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": request.model,
-    }
+class _Events:
+    """One completion's SSE events, as vLLM frames them.
 
-    def chunk(delta: dict[str, str], finish_reason: str | None = None) -> bytes:
+    A content token is the hot path of the whole simulator (one event per token per stream):
+    its bytes are the stream's fixed prefix, the token as a JSON string and a fixed suffix,
+    the same bytes ``chunk`` builds, without building and encoding a dict per token."""
+
+    def __init__(self, completion_id: str, model: str) -> None:
+        self.head = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+        }
+        head = json.dumps(self.head, separators=(",", ":")).encode()
+        self._prefix = b"data: " + head[:-1] + b',"choices":[{"index":0,"delta":{"content":'
+        self._suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+
+    def chunk(self, delta: dict[str, str], finish_reason: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return _sse({**head, "choices": [choice]})
+        return _sse({**self.head, "choices": [choice]})
 
-    faults = faults or Faults()
+    def content(self, text: str) -> bytes:
+        return self._prefix + _json_string(text) + self._suffix
+
+    def usage(self, delta: Delta) -> bytes:
+        return _sse({**self.head, "choices": [], "usage": _usage(delta)})
+
+
+async def _sse_events(
+    engine: SimEngine,
+    request: EngineRequest,
+    completion_id: str,
+    faults: Faults,
+) -> AsyncGenerator[bytes, None]:
+    """The response body, event by event."""
+    events = _Events(completion_id, request.model)
     sent = 0
     completed = False
-    yield chunk({"role": "assistant", "content": ""})
+    yield events.chunk({"role": "assistant", "content": ""})
     try:
         async with aclosing(engine.stream(request, request_id=completion_id)) as deltas:
             async for delta in deltas:
@@ -194,10 +225,10 @@ async def _sse_events(
                     raise _Dropped(completion_id)
                 if delta.finish_reason is None:
                     sent += 1
-                    yield chunk({"content": delta.text})
+                    yield events.content(delta.text)
                     continue
-                yield chunk({"content": delta.text}, delta.finish_reason)
-                yield _sse({**head, "choices": [], "usage": _usage(delta)})
+                yield events.chunk({"content": delta.text}, delta.finish_reason)
+                yield events.usage(delta)
         completed = True
     finally:
         if not completed:
@@ -206,17 +237,42 @@ async def _sse_events(
     yield b"data: [DONE]\n\n"
 
 
-class _SSEResponse(StreamingResponse):
-    """Closes its body iterator on the way out, whatever happened, so that a disconnect
-    aborts the engine request immediately (the iterator may be suspended at a yield)."""
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+]
 
-    body_iterator: AsyncGenerator[bytes, None]
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.body_iterator.aclose()
+async def _stream_response(body: AsyncGenerator[bytes, None], receive: Receive, send: Send) -> None:
+    """Send ``body`` as a chunked SSE response straight to the server's ``send``.
+
+    Starlette's StreamingResponse and its middleware wrap every ``send`` in three coroutines
+    and a task group; at one event per token per stream they were a fifth of this server's
+    CPU. Here a watcher task waits for the client to go away and then cancels the sending
+    task, which closes ``body`` (and so aborts the engine request) wherever it waits."""
+    await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+    gone = asyncio.Event()
+    sending = asyncio.current_task()
+    assert sending is not None
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+        sending.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        async with aclosing(body):
+            async for event in body:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except asyncio.CancelledError:
+        if not gone.is_set():
+            raise  # cancelled from outside, not by the watcher
+        sending.uncancel()
+    finally:
+        watcher.cancel()
 
 
 class _StatsCollector(Collector):
@@ -248,6 +304,82 @@ class _StatsCollector(Collector):
         )
 
 
+CHAT_PATH = "/v1/chat/completions"
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The request's body, or None if the client left before sending all of it."""
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+class _ChatCompletions:
+    """``POST /v1/chat/completions`` as a bare ASGI app (its stream: see _stream_response)."""
+
+    def __init__(
+        self, engine: SimEngine, model_name: str, default_max_tokens: int, faults: Faults
+    ) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.default_max_tokens = default_max_tokens
+        self.faults = faults
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = await _read_body(receive)
+        if raw is None:
+            return
+        response = self._refused(raw)
+        if isinstance(response, Response):
+            await response(scope, receive, send)
+            return
+        body, request = response
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        if body.get("stream"):
+            events = _sse_events(self.engine, request, completion_id, self.faults)
+            await _stream_response(events, receive, send)
+        else:
+            answer = await _complete(self.engine, request, completion_id)
+            await JSONResponse(answer)(scope, receive, send)
+
+    def _refused(self, raw: bytes) -> Response | tuple[dict[str, Any], EngineRequest]:
+        """The error response for a request that gets one, else the body and the request."""
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return error_response(f"request body is not valid JSON: {exc}", 400)
+        try:
+            request = parse_chat_request(body, self.model_name, self.default_max_tokens)
+        except _BadRequest as exc:
+            return error_response(exc.message, exc.status)
+        if self.faults.fails():
+            status = self.faults.status or 500
+            return error_response(f"simulated failure (HTTP {status})", status)
+        return body, request
+
+
+class _SimApp(Starlette):
+    """Starlette, except that a chat completion skips its middleware: at one ``send`` per
+    token per stream, the middleware's wrappers of ``send`` cost more than the rest of the
+    server. (The route is declared too, so that other methods get Starlette's 405.)"""
+
+    def __init__(self, chat: ASGIApp, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._chat = chat
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == CHAT_PATH:
+            scope["app"] = self
+            await self._chat(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+
 def create_app(
     options: SimOptions,
     model_name: str = "sim",
@@ -264,26 +396,6 @@ def create_app(
     engine = SimEngine(options)
     registry = CollectorRegistry()
     registry.register(_StatsCollector(engine))
-
-    async def chat_completions(request: Request) -> Response:
-        try:
-            body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError) as exc:
-            return error_response(f"request body is not valid JSON: {exc}", 400)
-        try:
-            engine_request = parse_chat_request(body, model_name, options.max_tokens)
-        except _BadRequest as exc:
-            return error_response(exc.message, exc.status)
-        if faults is not None and faults.fails():
-            return error_response(f"simulated failure (HTTP {faults.status})", faults.status or 500)
-        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-        if body.get("stream"):
-            return _SSEResponse(
-                _sse_events(engine, engine_request, completion_id, faults),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )
-        return JSONResponse(await _complete(engine, engine_request, completion_id))
 
     async def models(request: Request) -> Response:
         return JSONResponse(
@@ -304,9 +416,11 @@ def create_app(
             freeze_startup_objects()
         yield
 
-    app = Starlette(
+    chat = _ChatCompletions(engine, model_name, options.max_tokens, faults or Faults())
+    app = _SimApp(
+        chat,
         routes=[
-            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route(CHAT_PATH, chat, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
         ],

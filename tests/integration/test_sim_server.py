@@ -110,3 +110,27 @@ async def test_unknown_model_is_404(server: str) -> None:
         with pytest.raises(openai.NotFoundError) as info:
             await client.chat.completions.create(model="gpt-nope", messages=MESSAGES)
     assert "gpt-nope" in str(info.value)
+
+
+async def test_chat_path_takes_only_post(server: str) -> None:
+    """The chat path is served outside Starlette's router, yet other methods still get 405."""
+    async with httpx.AsyncClient() as http:
+        r = await http.get(f"{server}/v1/chat/completions")
+    assert r.status_code == 405
+
+
+async def test_stream_is_chunked_server_sent_events(server: str) -> None:
+    """The streamed answer's headers and framing, as vLLM's server sends them."""
+    request = {"model": "sim", "messages": MESSAGES, "stream": True, "max_tokens": 2}
+    async with httpx.AsyncClient() as http:
+        async with http.stream("POST", f"{server}/v1/chat/completions", json=request) as r:
+            body = b"".join([part async for part in r.aiter_raw()])
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert r.headers["cache-control"] == "no-cache"
+    assert r.headers["transfer-encoding"] == "chunked"
+    events = body.split(b"\n\n")
+    assert events[-2:] == [b"data: [DONE]", b""]
+    assert all(e.startswith(b"data: {") for e in events[:-2])
+    # The role chunk, 2 tokens, the usage, [DONE], and nothing after the last blank line.
+    assert len(events) == 6

@@ -227,3 +227,13 @@ async def test_sim_server_freezes_its_start_up_heap_only_when_asked(freeze: bool
             assert (gc.get_freeze_count() > 0) is freeze
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("model", ["sim", 'odd "model" \\ é'])
+@pytest.mark.parametrize("text", ["Lorem", " ipsum.", 'say "hi"\n', "\\", "é 中文 😀", ""])
+def test_sim_server_token_event_is_the_generic_chunk_byte_for_byte(model: str, text: str) -> None:
+    """The simulator's per-token fast path writes exactly the event the generic chunk would."""
+    from shared.simserver import _Events
+
+    events = _Events("chatcmpl-1", model)
+    assert events.content(text) == events.chunk({"content": text})
