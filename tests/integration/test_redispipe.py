@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from shared.redispipe import PipeScript, RedisPipe
 from shared.resp import pack
@@ -178,10 +179,14 @@ async def test_plain_commands_are_answered_in_order_with_the_scripts(services: S
             pipe.call("HGET", key, "missing"),
         )
         assert answers == [1, 42, "42", None]
-        with pytest.raises(Exception, match=r"WRONGTYPE|wrong kind"):
+        with pytest.raises(ResponseError, match=r"WRONGTYPE|wrong kind"):
             await pipe.call("LPUSH", key, "x")  # an error reply goes to its caller
-        assert await pipe.call("DEL", key) == 1
         assert pipe.errors == 0
+        pipe.send((b"LPUSH", key.encode(), b"x"))  # nobody waits: counted and logged
+        assert await pipe.call("HSET", key, "text", "héllo 中文 😀") == 1  # the pipe goes on
+        assert await pipe.call("HGET", key, "text") == "héllo 中文 😀"
+        assert pipe.errors == 1
+        assert await pipe.call("DEL", key) == 1
     finally:
         await pipe.close()
 
