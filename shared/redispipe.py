@@ -46,7 +46,7 @@ from redis._parsers.base import BaseParser
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import InvalidResponse, NoScriptError, RedisError, ResponseError
 
-from shared.resp import pack
+from shared.resp import bulks, pack
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,12 @@ class RedisPipe:
         for the few commands a client waits on (an admission, a chat's first token), a pass
         of a busy event loop saved; everything else is batched (and, with `linger_s`, held
         that long unless a call with a `reply` comes)."""
+        self.send_packed(pack(args), reply, urgent=urgent)
+
+    def send_packed(
+        self, command: bytes, reply: Reply | None = None, *, urgent: bool = False
+    ) -> None:
+        """:meth:`send` for a command already in RESP bytes (see :meth:`PipeScript.keyed`)."""
         if not self._up.is_set():
             down = time.monotonic() - (self._down_since or time.monotonic())
             if down > self._down_fail_s:
@@ -131,7 +137,7 @@ class RedisPipe:
             raise ConnectionError(
                 f"{len(self._in_flight)} commands wait for Redis; it is too slow or unreachable"
             )
-        call = _Call(pack(args), reply)
+        call = _Call(command, reply)
         self._in_flight.append(call)
         if self._up.is_set():
             self._buffer.append(call.command)
@@ -303,6 +309,11 @@ class PipeScript:
         encoded = [a.encode() if isinstance(a, str) else b"%d" % a for a in (*keys, *args)]
         self._pipe.send((b"EVALSHA", self._sha, b"%d" % len(keys), *encoded), reply, urgent=urgent)
 
+    def keyed(self, keys: Sequence[str]) -> KeyedScript:
+        """This script with its keys fixed, for a caller that runs it many times on the same
+        keys (a job's token chunks): the command's bytes up to the arguments are built once."""
+        return KeyedScript(self._pipe, self._sha, keys)
+
     async def __call__(
         self, keys: Sequence[str], args: Sequence[str | int], *, urgent: bool = False
     ) -> object:
@@ -310,3 +321,24 @@ class PipeScript:
         reply: Reply = asyncio.get_running_loop().create_future()
         self.send(keys, args, reply, urgent=urgent)
         return await reply
+
+
+class KeyedScript:
+    """A :class:`PipeScript` bound to its keys (see :meth:`PipeScript.keyed`). Packing a whole
+    command cost ~4.5 µs for a token chunk's eight parts; this packs only the three arguments."""
+
+    __slots__ = ("_head", "_pipe", "_size")
+
+    def __init__(self, pipe: RedisPipe, sha: bytes, keys: Sequence[str]) -> None:
+        self._pipe = pipe
+        self._size = 3 + len(keys)  # EVALSHA, the sha, the key count, the keys
+        parts = (b"EVALSHA", sha, b"%d" % len(keys), *(k.encode() for k in keys))
+        self._head = bulks(parts)
+
+    def command(self, args: Sequence[bytes]) -> bytes:
+        """One run's RESP bytes: the same as ``pack`` of the whole EVALSHA."""
+        return b"*%d\r\n" % (self._size + len(args)) + self._head + bulks(args)
+
+    def send(self, args: Sequence[bytes], *, urgent: bool = False) -> None:
+        """Queue one run with these (already encoded) arguments; no reply is kept."""
+        self._pipe.send_packed(self.command(args), urgent=urgent)

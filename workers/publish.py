@@ -40,21 +40,20 @@ class JobPublisher:
         replay_ttl_s: int,
     ) -> None:
         self._chunks = chunks
-        self._maxlen = str(replay_maxlen)
-        self._ttl = str(replay_ttl_s)
+        self._maxlen = replay_maxlen
+        self._ttl = replay_ttl_s
         self._channel = keys.job_channel(job_id)
         self._stream = keys.replay_stream(job_id)
+        self._send = chunks.keyed((self._channel, self._stream)).send
         self._chat_id = chat_id
         self._expiry_set = False
         self.next_seq = 0
 
     def send(self, message: str, *, urgent: bool = False) -> None:
         """Queue one chunk on the process's Redis pipe (the first one sets the expiry)."""
-        ttl = "0" if self._expiry_set else self._ttl
+        ttl = 0 if self._expiry_set else self._ttl
         self._expiry_set = True
-        self._chunks.send(
-            (self._channel, self._stream), (message, self._maxlen, ttl), urgent=urgent
-        )
+        self._send((message.encode(), b"%d" % self._maxlen, b"%d" % ttl), urgent=urgent)
 
     def start(self, started_at: float, cancel_flag: str) -> asyncio.Future[object]:
         """Announce that the job started (first on the pipe, so before its tokens).

@@ -5,6 +5,7 @@ up is not sent again."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -61,14 +62,29 @@ def test_pack_is_resp() -> None:
     assert pack((b"ECHO", b"a\r\nb")) == b"*2\r\n$4\r\nECHO\r\n$4\r\na\r\nb\r\n"
 
 
+def test_a_keyed_script_packs_the_same_command() -> None:
+    script = RedisPipe("redis://127.0.0.1:6379").script(SEND_LUA)
+    keys, args = ("ch:é", "stream:1"), (b"chunk\r\n\xc3\xa9", b"100", b"0")
+    sha = hashlib.sha1(SEND_LUA.encode()).hexdigest().encode()
+    expected = pack((b"EVALSHA", sha, b"2", *(k.encode() for k in keys), *args))
+    assert script.keyed(keys).command(args) == expected
+    assert script.keyed(("k",)).command(()) == pack((b"EVALSHA", sha, b"1", b"k"))
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["script", "keyed"])
 async def test_chunks_arrive_in_order_on_channel_and_replay_stream(
-    services: Services, channel: tuple[str, str, aioredis.client.PubSub]
+    services: Services, channel: tuple[str, str, aioredis.client.PubSub], keyed: bool
 ) -> None:
     ch, stream, pubsub = channel
     pipe, chunks = await _open(services)
     try:
         messages = [f"T{i}\nchunk {i}" for i in range(2000)]
-        _send(chunks, ch, stream, messages)
+        if keyed:
+            send = chunks.keyed((ch, stream)).send
+            for i, message in enumerate(messages):
+                send((message.encode(), b"100", b"60" if i == 0 else b"0"))
+        else:
+            _send(chunks, ch, stream, messages)
         assert await _received(pubsub, len(messages)) == messages
         await asyncio.wait_for(pipe.flush(), 5.0)
         client = aioredis.Redis.from_url(services.redis_url, decode_responses=True)
