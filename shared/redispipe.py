@@ -324,8 +324,8 @@ class PipeScript:
 
 
 class KeyedScript:
-    """A :class:`PipeScript` bound to its keys (see :meth:`PipeScript.keyed`). Packing a whole
-    command cost ~4.5 µs for a token chunk's eight parts; this packs only the three arguments."""
+    """A :class:`PipeScript` bound to its keys (see :meth:`PipeScript.keyed`): a token chunk's
+    command packed in about half the time of packing all eight of its parts each time."""
 
     __slots__ = ("_head", "_pipe", "_size")
 
