@@ -93,6 +93,12 @@ class Settings(BaseSettings):
     sim_max_seqs: int = Field(256, ge=1, description="Sequences generated at once; more wait.")
     sim_jitter: float = Field(0.0, ge=0, le=1, description="Relative random jitter of timings.")
     sim_max_tokens: int = Field(128, ge=1, description="Longest simulated answer, in tokens.")
+    sim_step_ms: float = Field(
+        0.0,
+        ge=0,
+        description="Emit every token on a shared clock ticking this often, as a batched "
+        "decoder does at each step; 0: each answer keeps its own schedule.",
+    )
 
     # --- gateway --------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Gateway bind address.")

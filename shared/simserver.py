@@ -503,6 +503,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=s.sim_max_tokens,
         help="longest answer, in tokens (default: %(default)s)",
     )
+    p.add_argument(
+        "--step-ms",
+        type=float,
+        default=s.sim_step_ms,
+        help="emit every token on a shared clock ticking this often, as a batched decoder "
+        "does; 0: each answer keeps its own schedule (default: %(default)s)",
+    )
     faults = p.add_argument_group("faults", "misbehave on purpose, for fault tests")
     faults.add_argument("--status", type=int, help="answer chat requests with this HTTP status")
     faults.add_argument(
@@ -538,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
             max_seqs=args.max_seqs,
             jitter=args.jitter,
             max_tokens=args.max_tokens,
+            step_ms=args.step_ms,
         )
         faults = Faults(
             status=args.status,

@@ -16,6 +16,8 @@ class Profile:
     # High enough that the simulator never queues at the loads we drive: queueing inside the
     # engine would show up identically in every mode and hide the gateway's own cost.
     max_seqs: int = 4096
+    # > 0: tokens on a shared step clock, as a batched decoder emits them (shared/engines/sim.py).
+    step_ms: float = 0.0
 
     def sim_args(self) -> list[str]:
         """Options for `python -m shared.simserver`."""
@@ -30,6 +32,8 @@ class Profile:
             str(self.max_seqs),
             "--jitter",
             str(self.jitter),
+            "--step-ms",
+            str(self.step_ms),
         ]
 
     @property
@@ -48,6 +52,15 @@ PROFILES: dict[str, Profile] = {
             15.0,
             128,
             "an 8B chat model on one GPU: TTFT 150 ms, 15 ms between tokens, <=128 tokens",
+        ),
+        Profile(
+            "chat-8b-steps",
+            150.0,
+            15.0,
+            128,
+            "chat-8b with vLLM-like steps: every running answer's next token at the same "
+            "15 ms step, as a batched decoder emits them",
+            step_ms=15.0,
         ),
         Profile(
             "slow-api",

@@ -6,7 +6,12 @@ Timing model (all times in ms, each scaled by ``1 + jitter * U(-1, 1)``):
   vLLM's scheduler when the batch is full;
 - once admitted, the first token comes after ``ttft_ms + prefill_ms_per_token * prompt_tokens``;
 - every next token after ``itl_ms * (1 + ITL_SLOWDOWN_PER_SEQ * running)``: decoding is
-  memory-bound, so a larger batch slows each step only mildly (about 1.5x at 256 sequences).
+  memory-bound, so a larger batch slows each step only mildly (about 1.5x at 256 sequences);
+- with ``step_ms`` > 0, tokens come on a clock that ticks every ``step_ms`` (on the loop
+  clock, shared by all of the engine's sequences), as a batched decoder emits the next token
+  of every running sequence at the same step: the first token at the first tick after its
+  time to first token, every next one a tick later (``step_ms`` then stands for ``itl_ms``,
+  its slowdown and its jitter). 0, the default: each sequence keeps its own schedule.
 
 Tokens follow an absolute schedule on the loop clock, so the overhead of each wake-up does
 not add up over a long answer. The answer text is a pure function of (model, messages): the
@@ -23,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import random
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
@@ -112,9 +118,10 @@ class SimOptions:
     max_seqs: int = 256
     jitter: float = 0.0
     max_tokens: int = 128
+    step_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        if min(self.ttft_ms, self.itl_ms, self.prefill_ms_per_token) < 0:
+        if min(self.ttft_ms, self.itl_ms, self.prefill_ms_per_token, self.step_ms) < 0:
             raise ValueError("simulated latencies must not be negative")
         if self.max_seqs < 1 or self.max_tokens < 1:
             raise ValueError("max_seqs and max_tokens must be at least 1")
@@ -130,6 +137,7 @@ class SimOptions:
             max_seqs=settings.sim_max_seqs,
             jitter=settings.sim_jitter,
             max_tokens=settings.sim_max_tokens,
+            step_ms=settings.sim_step_ms,
         )
 
 
@@ -161,6 +169,11 @@ def plan_answer(request: EngineRequest, max_tokens: int) -> tuple[list[str], str
         return tokens, "length"
     tokens[-1] += "."
     return tokens, "stop"
+
+
+def on_step(t: float, step: float) -> float:
+    """The first boundary of a clock ticking every ``step`` at or after ``t``."""
+    return math.ceil(t / step - 1e-9) * step
 
 
 # --- the engine -------------------------------------------------------------------------
@@ -211,6 +224,9 @@ class SimEngine:
                     + self._noisy(opts.ttft_ms + opts.prefill_ms_per_token * prompt_tokens) / 1000
                 )
                 last = len(tokens) - 1
+                step = opts.step_ms / 1000
+                if step:
+                    deadline = on_step(deadline, step)
                 for i, token in enumerate(tokens):
                     if not await self._sleep_until(state, deadline):
                         yield Delta(
@@ -224,8 +240,11 @@ class SimEngine:
                         yield Delta(token, finish_reason, prompt_tokens, len(tokens))
                     else:
                         yield Delta(token)
-                    itl = opts.itl_ms * (1 + ITL_SLOWDOWN_PER_SEQ * self.stats.running)
-                    deadline += self._noisy(itl) / 1000
+                    if step:
+                        deadline += step
+                    else:
+                        itl = opts.itl_ms * (1 + ITL_SLOWDOWN_PER_SEQ * self.stats.running)
+                        deadline += self._noisy(itl) / 1000
             finally:
                 self.stats.running -= 1
                 self._slots.release()

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from contextlib import aclosing
+from typing import Any
 
 import pytest
 
 from shared.engines.base import Delta, EngineRequest
 from shared.engines.factory import make_engine
-from shared.engines.sim import SimEngine, SimOptions, count_prompt_tokens, plan_answer
+from shared.engines.sim import (
+    ITL_SLOWDOWN_PER_SEQ,
+    SimEngine,
+    SimOptions,
+    count_prompt_tokens,
+    on_step,
+    plan_answer,
+)
 from shared.errors import ConfigError
 from shared.protocol import Message
 from shared.settings import load_settings
@@ -183,11 +192,53 @@ async def test_jitter_keeps_text_deterministic() -> None:
     assert [d.text for d in plain] == [d.text for d in noisy]
 
 
+def test_on_step_rounds_up_to_the_clock() -> None:
+    assert on_step(0.0, 0.015) == 0.0
+    assert on_step(0.001, 0.015) == pytest.approx(0.015)
+    assert on_step(0.015, 0.015) == pytest.approx(0.015)  # a boundary stays where it is
+    assert on_step(0.0150001, 0.015) == pytest.approx(0.030)
+
+
+class _RecordingDeadlines(SimEngine):
+    """Records when each token is due instead of waiting for it."""
+
+    def __init__(self, options: SimOptions) -> None:
+        super().__init__(options)
+        self.due: dict[str, list[float]] = {}
+        self._current = ""  # the answer being recorded
+
+    async def _sleep_until(self, state: Any, deadline: float) -> bool:
+        self.due.setdefault(self._current, []).append(deadline)
+        return True
+
+
+async def test_steps_put_every_answers_tokens_on_one_shared_clock() -> None:
+    """With step_ms, answers started apart have their tokens due on the same ticks of one
+    clock, one tick apart, whatever itl_ms says; without it, itl_ms apart."""
+    step = 0.02
+    stepped = _RecordingDeadlines(SimOptions(ttft_ms=5, itl_ms=1, max_tokens=6, step_ms=20))
+    for name in ("one", "two"):
+        stepped._current = name
+        await collect(stepped, request(name), name)
+        await asyncio.sleep(0.007)
+    for due in stepped.due.values():
+        ticks = [d / step for d in due]
+        assert all(abs(k - round(k)) < 1e-6 for k in ticks)  # on the clock
+        assert [round(b - a) for a, b in itertools.pairwise(ticks)] == [1] * (len(due) - 1)
+    plain = _RecordingDeadlines(SimOptions(ttft_ms=5, itl_ms=1, max_tokens=6))
+    plain._current = "one"
+    await collect(plain, request("one"), "one")
+    gaps = [b - a for a, b in itertools.pairwise(plain.due["one"])]
+    assert gaps == pytest.approx([0.001 * (1 + ITL_SLOWDOWN_PER_SEQ)] * len(gaps))
+
+
 def test_options_from_settings_and_factory() -> None:
     """SimOptions mirrors the sim_* settings, and make_engine builds a SimEngine for engine=sim."""
-    settings = load_settings(engine="sim", sim_ttft_ms=7, sim_itl_ms=3, sim_max_seqs=4)
+    settings = load_settings(
+        engine="sim", sim_ttft_ms=7, sim_itl_ms=3, sim_max_seqs=4, sim_step_ms=2
+    )
     options = SimOptions.from_settings(settings)
-    assert (options.ttft_ms, options.itl_ms, options.max_seqs) == (7, 3, 4)
+    assert (options.ttft_ms, options.itl_ms, options.max_seqs, options.step_ms) == (7, 3, 4, 2)
     engine = make_engine(settings)
     assert isinstance(engine, SimEngine) and engine.options == options
 
@@ -198,6 +249,8 @@ def test_options_reject_nonsense() -> None:
         SimOptions(ttft_ms=-1)
     with pytest.raises(ValueError):
         SimOptions(max_seqs=0)
+    with pytest.raises(ValueError):
+        SimOptions(step_ms=-1)
 
 
 def test_vllm_engine_without_vllm_is_config_error() -> None:
