@@ -306,8 +306,8 @@ class PipeScript:
         urgent: bool = False,
     ) -> None:
         """Queue one run; `reply`, when given, gets the script's answer (see RedisPipe.send)."""
-        encoded = [a.encode() if isinstance(a, str) else b"%d" % a for a in (*keys, *args)]
-        self._pipe.send((b"EVALSHA", self._sha, b"%d" % len(keys), *encoded), reply, urgent=urgent)
+        encoded = [a.encode() if isinstance(a, str) else b"%d" % a for a in args]
+        self.keyed(keys).send(encoded, reply, urgent=urgent)
 
     def keyed(self, keys: Sequence[str]) -> KeyedScript:
         """This script with its keys fixed, for a caller that runs it many times on the same
@@ -339,6 +339,8 @@ class KeyedScript:
         """One run's RESP bytes: the same as ``pack`` of the whole EVALSHA."""
         return b"*%d\r\n" % (self._size + len(args)) + self._head + bulks(args)
 
-    def send(self, args: Sequence[bytes], *, urgent: bool = False) -> None:
-        """Queue one run with these (already encoded) arguments; no reply is kept."""
-        self._pipe.send_packed(self.command(args), urgent=urgent)
+    def send(
+        self, args: Sequence[bytes], reply: Reply | None = None, *, urgent: bool = False
+    ) -> None:
+        """Queue one run with these (already encoded) arguments (see :meth:`PipeScript.send`)."""
+        self._pipe.send_packed(self.command(args), reply, urgent=urgent)

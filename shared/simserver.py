@@ -251,14 +251,15 @@ async def _stream_response(body: AsyncGenerator[bytes, None], receive: Receive, 
     200 streams. Here a watcher task waits for the client to go away and then cancels the
     sending task, which closes ``body`` (and so aborts the engine request) wherever it waits."""
     await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-    gone = asyncio.Event()
+    gone = False
     sending = asyncio.current_task()
     assert sending is not None
 
     async def watch() -> None:
+        nonlocal gone
         while (await receive())["type"] != "http.disconnect":
             pass
-        gone.set()
+        gone = True
         sending.cancel()
 
     watcher = asyncio.create_task(watch())
@@ -268,7 +269,7 @@ async def _stream_response(body: AsyncGenerator[bytes, None], receive: Receive, 
                 await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except asyncio.CancelledError:
-        if not gone.is_set():
+        if not gone:
             raise  # cancelled from outside, not by the watcher
         sending.uncancel()
     finally:

@@ -40,8 +40,8 @@ class JobPublisher:
         replay_ttl_s: int,
     ) -> None:
         self._chunks = chunks
-        self._maxlen = replay_maxlen
-        self._ttl = replay_ttl_s
+        self._maxlen = b"%d" % replay_maxlen
+        self._ttl = b"%d" % replay_ttl_s
         self._channel = keys.job_channel(job_id)
         self._stream = keys.replay_stream(job_id)
         self._send = chunks.keyed((self._channel, self._stream)).send
@@ -51,9 +51,9 @@ class JobPublisher:
 
     def send(self, message: str, *, urgent: bool = False) -> None:
         """Queue one chunk on the process's Redis pipe (the first one sets the expiry)."""
-        ttl = 0 if self._expiry_set else self._ttl
+        ttl = b"0" if self._expiry_set else self._ttl
         self._expiry_set = True
-        self._send((message.encode(), b"%d" % self._maxlen, b"%d" % ttl), urgent=urgent)
+        self._send((message.encode(), self._maxlen, ttl), urgent=urgent)
 
     def start(self, started_at: float, cancel_flag: str) -> asyncio.Future[object]:
         """Announce that the job started (first on the pipe, so before its tokens).
@@ -63,11 +63,9 @@ class JobPublisher:
         read reaches the worker as a message (the job is registered as running by then)."""
         cancelled: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._expiry_set = True
-        self._chunks.send(
-            (self._channel, self._stream, cancel_flag),
-            (encode_chunk(CHUNK_STARTED, dumps({"t": started_at})), self._maxlen, self._ttl),
-            cancelled,
-        )
+        started = encode_chunk(CHUNK_STARTED, dumps({"t": started_at})).encode()
+        script = self._chunks.keyed((self._channel, self._stream, cancel_flag))
+        script.send((started, self._maxlen, self._ttl), cancelled)
         return cancelled
 
     def token(self, text: str) -> None:
