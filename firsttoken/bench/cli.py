@@ -42,6 +42,17 @@ class LoadPoint:
     rate: float | None
 
 
+def warmup_wave(warmup: int, point: LoadPoint) -> int:
+    """How many requests to send (and discard) before a measured run, at most one per stream
+    at a time. A closed loop's run opens with every stream sending at once, so its warm-up is
+    one request per stream at least: every connection that first wave uses (the client's, and
+    the stack's to the engine) is then open in every mode, and the first wave measures the
+    system, not TCP connects."""
+    if warmup <= 0:
+        return 0
+    return warmup if point.rate is not None else max(warmup, point.concurrency)
+
+
 def _csv(kind: type, text: str) -> list[Any]:
     try:
         return [kind(x) for x in text.split(",") if x.strip()]
@@ -108,7 +119,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--warmup",
         type=int,
         default=10,
-        help="requests per mode before each measured run, discarded (default %(default)s)",
+        help="requests per mode before each measured run, sent at once and discarded; a "
+        "closed loop sends at least one per stream, so every connection is open before the "
+        "clock starts (default %(default)s; 0: none)",
     )
     p.add_argument(
         "--repeat-share",
@@ -420,12 +433,13 @@ class Bench:
         client = self.client(mode, point)
         await client.open()
         try:
-            if a.warmup:
+            warm = warmup_wave(a.warmup, point)
+            if warm:
                 await drive(
                     client.send,
                     PromptMix(tag=f"warm{repeat}{mode}{point.label}x"),
-                    concurrency=min(point.concurrency, a.warmup),
-                    requests=a.warmup,
+                    concurrency=min(point.concurrency, warm),
+                    requests=warm,
                 )
             # The same seed and tag for every mode of a repeat: the same questions, so the
             # same answer lengths; a fresh tag per repeat keeps answer caches cold.

@@ -209,3 +209,15 @@ def test_aggregate_puts_the_stacks_cpu_in_units_of_the_engines_in_the_same_run()
     stack = agg["modes"]["stack"]
     assert stack["machine_busy"]["median"] == pytest.approx(0.65)
     assert stack["cpu_ms_per_request"]["stack"]["median"] == pytest.approx(55.0)
+
+
+def test_a_closed_loop_is_warmed_with_one_request_per_stream() -> None:
+    from firsttoken.bench.cli import LoadPoint, warmup_wave
+
+    # Every connection of the first wave opens before the clock starts, in every mode.
+    assert warmup_wave(10, LoadPoint("c=200", 200, None)) == 200
+    assert warmup_wave(10, LoadPoint("c=1", 1, None)) == 10
+    assert warmup_wave(300, LoadPoint("c=200", 200, None)) == 300
+    # An open loop has no first wave: the given number; 0 turns warming off.
+    assert warmup_wave(10, LoadPoint("r=50", 2000, 50.0)) == 10
+    assert warmup_wave(0, LoadPoint("c=200", 200, None)) == 0
