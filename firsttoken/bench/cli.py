@@ -43,15 +43,18 @@ class LoadPoint:
     rate: float | None
 
 
-def warmup_wave(warmup: int, point: LoadPoint) -> int:
+def warmup_wave(warmup: int, point: LoadPoint, answer_s: float) -> int:
     """How many requests to send (and discard) before a measured run, at most one per stream
-    at a time. A closed loop's run opens with every stream sending at once, so its warm-up is
-    one request per stream at least: every connection that first wave uses (the client's, and
-    the stack's to the engine) is then open in every mode, and the first wave measures the
-    system, not TCP connects."""
+    at a time: at least as many as the run will have in flight, so that every connection it
+    uses (the client's, and the stack's to the engine) is open before the clock starts, in
+    every mode, and no request of the run waits for a TCP connect. A closed loop has
+    `concurrency` in flight from its first wave; an open loop about `rate` x `answer_s` (Little's
+    law, `answer_s` being the time one answer takes)."""
     if warmup <= 0:
         return 0
-    return warmup if point.rate is not None else max(warmup, point.concurrency)
+    if point.rate is None:
+        return max(warmup, point.concurrency)
+    return max(warmup, min(point.concurrency, math.ceil(point.rate * answer_s)))
 
 
 def _csv(kind: type, text: str) -> list[Any]:
@@ -120,9 +123,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--warmup",
         type=int,
         default=10,
-        help="requests per mode before each measured run, sent at once and discarded; a "
-        "closed loop sends at least one per stream, so every connection is open before the "
-        "clock starts (default %(default)s; 0: none)",
+        help="requests per mode before each measured run, discarded; a run sends at least as "
+        "many as it will have in flight (a closed loop: one per stream), so every connection "
+        "is open before the clock starts (default %(default)s; 0: none)",
     )
     p.add_argument(
         "--repeat-share",
@@ -434,7 +437,10 @@ class Bench:
         client = self.client(mode, point)
         await client.open()
         try:
-            warm = warmup_wave(a.warmup, point)
+            # An answer's time by the profile (an estimate with --engine-url's engine).
+            tokens = a.max_tokens or self.profile.max_tokens
+            answer_s = (self.profile.ttft_ms + tokens * self.profile.itl_ms) / 1000
+            warm = warmup_wave(a.warmup, point, answer_s)
             if warm:
                 await drive(
                     client.send,
@@ -501,6 +507,7 @@ class Bench:
             f"  {label}: {summary['ok']}/{summary['requests']} ok, {summary['errors']} errors "
             f"{summary['error_codes'] or ''}, TTFT p50 {t['p50']:.1f} p99 {t['p99']:.1f} ms, "
             f"{summary['tokens_per_s']:.0f} tok/s, {summary['qps']:.1f} req/s, "
+            f"{summary['in_flight_mean']:.0f} streams in flight (mean), "
             f"client CPU {outcome.client_cpu_share:.0%}, machine busy before {busy_before:.0%}, "
             f"during {busy_during:.0%} "
             f"| {cpu}",

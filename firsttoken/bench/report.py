@@ -31,6 +31,13 @@ def _ms(spread: Mapping[str, float], with_spread: bool = True) -> str:
     return f"{med} ({fmt_ms(spread['min'])}..{fmt_ms(spread['max'])})"
 
 
+def _count(spread: Mapping[str, float] | None) -> str:
+    """A median count (e.g. streams in flight), or "-" where the run did not record it."""
+    if spread is None or math.isnan(spread["median"]):
+        return "-"
+    return f"{spread['median']:.0f}"
+
+
 def summary_table(agg: Mapping[str, Any]) -> str:
     """One row per load point and mode: medians over repeats, (min..max) spread."""
     header = [
@@ -46,6 +53,7 @@ def summary_table(agg: Mapping[str, Any]) -> str:
         "gap p50",
         "gap p99",
         "tokens/s",
+        "streams (mean)",
         "client CPU",
     ]
     rows = []
@@ -66,6 +74,7 @@ def summary_table(agg: Mapping[str, Any]) -> str:
                     _ms(m["gap_ms_p50"], False),
                     _ms(m["gap_ms_p99"], False),
                     f"{m['tokens_per_s']['median']:.0f}",
+                    _count(m.get("in_flight_mean")),
                     "-" if math.isnan(cpu) else f"{cpu:.0%}",
                 ]
             )

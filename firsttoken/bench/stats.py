@@ -85,6 +85,13 @@ def summarize_run(
         "cached": sum(1 for r in ok if r.cached),
         "wall_s": wall_s,
         "qps": len(ok) / wall_s if wall_s > 0 else math.nan,
+        # Streams open on average over the run (Little's law: the answers' total time over
+        # the wall time): an open loop's rate in concurrent streams.
+        "in_flight_mean": (
+            sum(r.total_ms for r in ok if r.total_ms is not None) / 1000 / wall_s
+            if wall_s > 0
+            else math.nan
+        ),
         "tokens": tokens,
         "tokens_per_s": tokens / wall_s if wall_s > 0 else math.nan,
         "ttft_ms": summarize([r.ttft_ms for r in ok if r.ttft_ms is not None]),
@@ -276,6 +283,9 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") 
             }
             agg["tokens_per_s"] = median_and_spread([s["tokens_per_s"] for s in summaries])
             agg["qps"] = median_and_spread([s["qps"] for s in summaries])
+            agg["in_flight_mean"] = median_and_spread(
+                s.get("in_flight_mean", math.nan) for s in summaries
+            )
             agg["errors"] = sum(s["errors"] for s in summaries)
             agg["requests"] = sum(s["requests"] for s in summaries)
             agg["cached"] = sum(s["cached"] for s in summaries)

@@ -62,6 +62,8 @@ def test_summarize_run_counts_errors_cache_hits_and_throughput() -> None:
     assert s["ttft_ms"]["p50"] == 15.0
     assert s["gap_ms"]["n"] == 2
     assert s["server_queue_ms"]["n"] == 1
+    # Little's law: 0.1 s + 0.2 s of answers over 2 s of run.
+    assert s["in_flight_mean"] == pytest.approx(0.15)
 
 
 def test_added_is_the_per_percentile_difference() -> None:
@@ -211,13 +213,16 @@ def test_aggregate_puts_the_stacks_cpu_in_units_of_the_engines_in_the_same_run()
     assert stack["cpu_ms_per_request"]["stack"]["median"] == pytest.approx(55.0)
 
 
-def test_a_closed_loop_is_warmed_with_one_request_per_stream() -> None:
+def test_a_run_is_warmed_with_as_many_requests_as_it_will_have_in_flight() -> None:
     from firsttoken.bench.cli import LoadPoint, warmup_wave
 
-    # Every connection of the first wave opens before the clock starts, in every mode.
-    assert warmup_wave(10, LoadPoint("c=200", 200, None)) == 200
-    assert warmup_wave(10, LoadPoint("c=1", 1, None)) == 10
-    assert warmup_wave(300, LoadPoint("c=200", 200, None)) == 300
-    # An open loop has no first wave: the given number; 0 turns warming off.
-    assert warmup_wave(10, LoadPoint("r=50", 2000, 50.0)) == 10
-    assert warmup_wave(0, LoadPoint("c=200", 200, None)) == 0
+    # A closed loop: one per stream (its first wave has them all in flight at once).
+    assert warmup_wave(10, LoadPoint("c=200", 200, None), 2.0) == 200
+    assert warmup_wave(10, LoadPoint("c=1", 1, None), 2.0) == 10
+    assert warmup_wave(300, LoadPoint("c=200", 200, None), 2.0) == 300
+    # An open loop: rate x answer time (Little's law), within its in-flight cap.
+    assert warmup_wave(10, LoadPoint("r=95", 2000, 95.0), 2.07) == 197
+    assert warmup_wave(10, LoadPoint("r=95", 150, 95.0), 2.07) == 150
+    assert warmup_wave(10, LoadPoint("r=2", 2000, 2.0), 2.07) == 10
+    # 0 turns warming off.
+    assert warmup_wave(0, LoadPoint("c=200", 200, None), 2.0) == 0
