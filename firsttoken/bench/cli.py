@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import math
 import os
 import platform
@@ -25,7 +26,6 @@ from typing import Any, Protocol
 
 from firsttoken.bench.profiles import PROFILES, get_profile
 from firsttoken.bench.stats import RequestResult, aggregate_runs, summarize_run
-from shared.heap import freeze_startup_objects
 
 MODES = ("stack", "direct", "naive", "litellm")
 
@@ -457,9 +457,10 @@ class Bench:
             progress = Progress(label, requests, enabled=not a.no_progress and sys.stderr.isatty())
             load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
             # Everything this process holds so far (earlier runs' results, the stack's handles)
-            # out of the collector's sight: full collections of it stopped this client for
-            # 20-125 ms at 200 streams, inside a run, in either mode (shared/heap.py).
-            freeze_startup_objects()
+            # out of the collector's sight, as the stack's processes do (shared/heap.py): full
+            # collections of it stopped this client for 20-125 ms inside 200-stream runs.
+            gc.collect()
+            gc.freeze()
             busy_before = await self._wait_idle()
             pids = self._pids()
             cpu0 = {n: cpu_seconds(p) for n, p in pids.items()}
