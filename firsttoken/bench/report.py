@@ -38,6 +38,10 @@ def _count(spread: Mapping[str, float] | None) -> str:
     return f"{spread['median']:.0f}"
 
 
+def _p50_p99(added: Mapping[str, Mapping[str, float]] | None) -> str:
+    return f"{_ms(added['p50'])} / {_ms(added['p99'])}" if added else "-"
+
+
 def summary_table(agg: Mapping[str, Any]) -> str:
     """One row per load point and mode: medians over repeats, (min..max) spread."""
     header = [
@@ -90,15 +94,25 @@ def added_table(agg: Mapping[str, Any], baseline: str = "direct") -> str:
         f"added TTFT p50 vs {baseline}",
         "added TTFT p99",
         "added TTFT p90",
+        "the first wave: p50 / p99",
         "after the first wave: p50 / p99",
     ]
     rows = []
     for load, entry in agg.items():
+        wave = entry.get("added_ttft_first_wave_ms", {})
         steady = entry.get("added_ttft_after_first_wave_ms", {})
         for mode, a in entry["added_ttft_ms"].items():
-            s = steady.get(mode)
-            after = f"{_ms(s['p50'])} / {_ms(s['p99'])}" if s else "-"
-            rows.append([load, mode, _ms(a["p50"]), _ms(a["p99"]), _ms(a["p90"]), after])
+            rows.append(
+                [
+                    load,
+                    mode,
+                    _ms(a["p50"]),
+                    _ms(a["p99"]),
+                    _ms(a["p90"]),
+                    _p50_p99(wave.get(mode)),
+                    _p50_p99(steady.get(mode)),
+                ]
+            )
     return markdown_table(header, rows) if rows else ""
 
 

@@ -272,6 +272,7 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") 
         entry: dict[str, Any] = {
             "modes": {},
             "added_ttft_ms": {},
+            "added_ttft_first_wave_ms": {},
             "added_ttft_after_first_wave_ms": {},
         }
         per_request_by_mode: dict[str, list[dict[str, float]]] = {}
@@ -320,16 +321,19 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") 
             entry["added_ttft_ms"][mode] = {
                 f"p{q}": median_and_spread([d[f"p{q}"] for d in diffs]) for q in PERCENTILES
             }
-            steady = [
-                added(r["summary"], base[r["repeat"]], "ttft_after_first_wave_ms")
-                for r in mode_runs
-                if r["repeat"] in base
-                and r["summary"].get("first_wave")
-                and "ttft_after_first_wave_ms" in base[r["repeat"]]
-            ]
-            if steady:
-                entry["added_ttft_after_first_wave_ms"][mode] = {
-                    f"p{q}": median_and_spread([d[f"p{q}"] for d in steady]) for q in PERCENTILES
-                }
+            # A closed loop's first wave (every stream at once) and the rest, apart.
+            for part in ("first_wave", "after_first_wave"):
+                metric = f"ttft_{part}_ms"
+                diffs = [
+                    added(r["summary"], base[r["repeat"]], metric)
+                    for r in mode_runs
+                    if r["repeat"] in base
+                    and r["summary"].get("first_wave")
+                    and metric in base[r["repeat"]]
+                ]
+                if diffs:
+                    entry[f"added_{metric}"][mode] = {
+                        f"p{q}": median_and_spread([d[f"p{q}"] for d in diffs]) for q in PERCENTILES
+                    }
         out[load] = entry
     return out

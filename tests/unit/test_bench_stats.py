@@ -161,6 +161,7 @@ def test_the_first_wave_of_a_closed_loop_is_summarized_apart() -> None:
     ]  # fmt: skip
     agg = aggregate_runs(runs)["c=2"]
     assert agg["added_ttft_after_first_wave_ms"]["stack"]["p50"]["median"] == 2.0
+    assert agg["added_ttft_first_wave_ms"]["stack"]["p50"]["median"] == 40.0
     assert agg["added_ttft_ms"]["stack"]["p99"]["median"] > 2.0
 
 
