@@ -33,18 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from firsttoken.bench.loadgen import StackClient
 from firsttoken.bench.profiles import get_profile
-from firsttoken.bench.stack import BenchStack
-
-
-def cpu_ns(pid: int) -> int:
-    """CPU time so far of every thread of a process, in ns (Linux /proc/PID/task/*/schedstat)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, IndexError, ValueError):
-            continue  # a thread that ended meanwhile
-    return total
+from firsttoken.bench.stack import BenchStack, cpu_seconds
 
 
 async def _measure(
@@ -60,26 +49,26 @@ async def _measure(
         pids = stack.pids()
         if window_s:
             pids["client"] = os.getpid()
-        spent = dict.fromkeys(pids, 0)  # ns of CPU: whole chats, or the windows only
-        whole = {name: cpu_ns(pid) for name, pid in pids.items()}
+        spent = dict.fromkeys(pids, 0.0)  # s of CPU: whole chats, or the windows only
+        whole = {name: cpu_seconds(pid) for name, pid in pids.items()}
         answered = 0
         for b in range(bursts):
             burst = asyncio.gather(
                 *(client.send(f"burst question {b}-{i}") for i in range(streams))
             )
             if window_s:
-                start = {name: cpu_ns(pid) for name, pid in pids.items()}
+                start = {name: cpu_seconds(pid) for name, pid in pids.items()}
                 await asyncio.sleep(window_s)
                 for name, pid in pids.items():
-                    spent[name] += cpu_ns(pid) - start[name]
+                    spent[name] += cpu_seconds(pid) - start[name]
             results = await burst
             answered += sum(r.error is None for r in results)
             await asyncio.sleep(0.2)  # let the tail (usage rows, unsubscribes) settle
         if answered < streams * bursts:
             raise RuntimeError(f"only {answered} of {streams * bursts} chats were answered")
         if not window_s:
-            spent = {name: cpu_ns(pid) - whole[name] for name, pid in pids.items()}
-        return {name: ns / 1e6 / answered for name, ns in spent.items()}
+            spent = {name: cpu_seconds(pid) - whole[name] for name, pid in pids.items()}
+        return {name: s * 1e3 / answered for name, s in spent.items()}
     finally:
         await client.close()
 
