@@ -69,7 +69,7 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
         return 0, str(exc)
 
 
-def cpu_ns(pid: int) -> int | None:
+def _cpu_ns(pid: int) -> int | None:
     """CPU time so far of every live thread of one process, in ns (Linux
     /proc/PID/task/*/schedstat; None where the kernel keeps no scheduler statistics)."""
     total, seen = 0, False
@@ -90,7 +90,7 @@ def cpu_seconds(pid: int) -> float:
     """CPU of one process so far, in seconds (Linux /proc; NaN elsewhere): from the
     scheduler's nanosecond counts where there are any, else in clock ticks (user + system,
     10 ms each: a short run's few ms of a process's CPU often counted as none)."""
-    ns = cpu_ns(pid)
+    ns = _cpu_ns(pid)
     if ns is not None:
         return ns / 1e9
     try:

@@ -324,16 +324,17 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") 
             # A closed loop's first wave (every stream at once) and the rest, apart.
             for part in ("first_wave", "after_first_wave"):
                 metric = f"ttft_{part}_ms"
-                diffs = [
+                part_diffs = [
                     added(r["summary"], base[r["repeat"]], metric)
                     for r in mode_runs
                     if r["repeat"] in base
                     and r["summary"].get("first_wave")
                     and metric in base[r["repeat"]]
                 ]
-                if diffs:
+                if part_diffs:
                     entry[f"added_{metric}"][mode] = {
-                        f"p{q}": median_and_spread([d[f"p{q}"] for d in diffs]) for q in PERCENTILES
+                        f"p{q}": median_and_spread([d[f"p{q}"] for d in part_diffs])
+                        for q in PERCENTILES
                     }
         out[load] = entry
     return out
