@@ -6,11 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def bulk(arg: bytes) -> bytes:
-    """One RESP bulk string."""
-    return b"$%d\r\n%s\r\n" % (len(arg), arg)
-
-
 def pack(args: Sequence[bytes]) -> bytes:
     """One RESP command (an array of bulk strings)."""
     return b"*%d\r\n" % len(args) + bulks(args)

@@ -44,7 +44,7 @@ from shared.protocol import (
     encode_chunk,
     encode_token,
 )
-from shared.resp import bulk, pack
+from shared.resp import bulks, pack
 from shared.settings import get_settings
 
 TOKEN_TEXT = " tok"  # every token's text; a frame of k tokens carries it k times
@@ -78,7 +78,7 @@ class Shape:
 
 
 def resp(*args: str | bytes | int) -> bytes:
-    """One Redis command in RESP (the chat worker's packer, workers/sender.py)."""
+    """One Redis command in RESP (shared/resp.py's `pack` of mixed arguments)."""
     return pack([a if isinstance(a, bytes) else str(a).encode() for a in args])
 
 
@@ -110,15 +110,9 @@ class ProducerJob:
         job_id = str(job["job_id"])
         channel = keys.job_channel(job_id).encode()
         stream = self._stream = keys.replay_stream(job_id).encode()
-        self._pub = b"*3\r\n$7\r\nPUBLISH\r\n" + bulk(channel)
-        self._xadd = (
-            b"*8\r\n$4\r\nXADD\r\n"
-            + bulk(stream)
-            + bulk(b"MAXLEN")
-            + bulk(b"~")
-            + bulk(str(maxlen).encode())
-            + bulk(b"*")
-            + bulk(b"m")
+        self._pub = b"*3\r\n$7\r\nPUBLISH\r\n" + bulks((channel,))
+        self._xadd = b"*8\r\n$4\r\nXADD\r\n" + bulks(
+            (stream, b"MAXLEN", b"~", str(maxlen).encode(), b"*", b"m")
         )
         # encode_token(chat_id, seq, text) == head + str(seq) + tail; checked below.
         self._tok_head = '{"type":"token","id":' + json.dumps(self.chat_id, ensure_ascii=False)
@@ -156,7 +150,7 @@ class ProducerJob:
 
     def command(self, message: bytes) -> bytes:
         """PUBLISH + XADD of one message, as workers/publish.py sends it."""
-        body = bulk(message)
+        body = bulks((message,))
         return self._pub + body + self._xadd + body
 
     def started(self, wall: float, ttl: int) -> bytes:
