@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from celery import Celery
 
 from shared.keys import Keys
-from shared.tasks import TaskCall, task_message
+from shared.tasks import TaskCall, parse_task_message, task_message
 from tests.integration.conftest import Services
 from tests.support import free_port, throwaway_redis_server
 from workers.consumer import QueueConsumer, priority_lists
@@ -46,12 +46,9 @@ class Recorder:
             await self.hold.wait()
 
 
-@pytest.fixture(params=[1, 4], ids=["brpop", "blmpop4"])
-async def batch(request: pytest.FixtureRequest, prefixed: tuple[aioredis.Redis, Keys]) -> int:
-    """Messages per read: one BRPOP each, or up to 4 per BLMPOP (Redis 7 and later)."""
-    r, _ = prefixed
-    if request.param > 1 and int(str((await r.info("server"))["redis_version"])[0]) < 7:
-        pytest.skip("BLMPOP needs Redis 7")
+@pytest.fixture(params=[1, 4], ids=["one", "four"])
+def batch(request: pytest.FixtureRequest) -> int:
+    """Messages per read: one BRPOP each, or up to 4 (a BRPOP and a script that pops 3 more)."""
     return int(request.param)
 
 
@@ -158,6 +155,23 @@ async def test_a_burst_starts_in_queue_order(
     finally:
         consumer.stop()
         await asyncio.wait_for(reader, 5)
+
+
+async def test_one_read_takes_up_to_its_count_in_priority_order(
+    prefixed: tuple[aioredis.Redis, Keys],
+) -> None:
+    """The BRPOP and the script behind it: the first message of the highest priority, then
+    more in the order BRPOP would have taken them, never more than asked for."""
+    r, keys = prefixed
+    lists = priority_lists(keys.queue_list("chat"))
+    for name, ids in ((lists[0], ["a0", "a1"]), (lists[3], ["b0", "b1", "b2"])):
+        for task_id in ids:
+            await r.lpush(name, task_message("t.chat", {}, queue="chat", task_id=task_id))
+    consumer = QueueConsumer(r, lists, {}, 8, poll_s=0.2, batch=4)
+    got = [parse_task_message(raw).task_id for raw in await consumer._pop(4)]
+    assert got == ["a0", "a1", "b0", "b1"]
+    assert [parse_task_message(raw).task_id for raw in await consumer._pop(4)] == ["b2"]
+    assert await consumer._pop(4) == []  # nothing waiting: the BRPOP times out
 
 
 async def test_a_failing_task_frees_its_slot(prefixed: tuple[aioredis.Redis, Keys]) -> None:
