@@ -199,7 +199,7 @@ async def test_a_failing_task_frees_its_slot(prefixed: tuple[aioredis.Redis, Key
 
 
 async def test_reads_again_after_redis_restarts_and_stops_while_redis_is_gone(
-    tmp_path: Path,
+    tmp_path: Path, batch: int
 ) -> None:
     """A read cut off by Redis going away is retried until Redis is back (the next chat runs);
     a stop while Redis is gone ends the reader instead of waiting for Redis."""
@@ -211,7 +211,9 @@ async def test_reads_again_after_redis_restarts_and_stops_while_redis_is_gone(
     queue = "ftcons:restart"
     recorder = Recorder()
     try:
-        consumer = QueueConsumer(reader_client, priority_lists(queue), {"t.chat": recorder}, 4, 0.5)
+        consumer = QueueConsumer(
+            reader_client, priority_lists(queue), {"t.chat": recorder}, 4, 0.5, batch
+        )
         reader = await _start(consumer)
         await asyncio.sleep(0.1)  # the first read is waiting in Redis
         server.terminate()
