@@ -174,6 +174,23 @@ async def test_one_read_takes_up_to_its_count_in_priority_order(
     assert await consumer._pop(4) == []  # nothing waiting: the BRPOP times out
 
 
+async def test_what_the_brpop_took_is_kept_when_the_script_behind_it_fails(
+    prefixed: tuple[aioredis.Redis, Keys], caplog: pytest.LogCaptureFixture
+) -> None:
+    r, keys = prefixed
+    lists = priority_lists(keys.queue_list("chat"))
+    await r.set(lists[3], "not a list")  # the script's RPOP on it fails with WRONGTYPE
+    await r.lpush(lists[0], task_message("t.chat", {}, queue="chat", task_id="kept"))
+    consumer = QueueConsumer(r, lists, {}, 8, poll_s=0.2, batch=4)
+    with caplog.at_level(logging.WARNING, logger="workers.consumer"):
+        got = await consumer._pop(4)
+    assert [parse_task_message(raw).task_id for raw in got] == ["kept"]
+    assert any("WRONGTYPE" in rec.getMessage() for rec in caplog.records)
+    await r.delete(lists[3])
+    await r.lpush(lists[0], task_message("t.chat", {}, queue="chat", task_id="next"))
+    assert [parse_task_message(raw).task_id for raw in await consumer._pop(4)] == ["next"]
+
+
 async def test_a_failing_task_frees_its_slot(prefixed: tuple[aioredis.Redis, Keys]) -> None:
     r, keys = prefixed
     queue = keys.queue_list("chat")
