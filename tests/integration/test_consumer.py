@@ -168,10 +168,13 @@ async def test_one_read_takes_up_to_its_count_in_priority_order(
         for task_id in ids:
             await r.lpush(name, task_message("t.chat", {}, queue="chat", task_id=task_id))
     consumer = QueueConsumer(r, lists, {}, 8, poll_s=0.2, batch=4)
-    got = [parse_task_message(raw).task_id for raw in await consumer._pop(4)]
-    assert got == ["a0", "a1", "b0", "b1"]
-    assert [parse_task_message(raw).task_id for raw in await consumer._pop(4)] == ["b2"]
-    assert await consumer._pop(4) == []  # nothing waiting: the BRPOP times out
+    try:
+        got = [parse_task_message(raw).task_id for raw in await consumer._pop(4)]
+        assert got == ["a0", "a1", "b0", "b1"]
+        assert [parse_task_message(raw).task_id for raw in await consumer._pop(4)] == ["b2"]
+        assert await consumer._pop(4) == []  # nothing waiting: the BRPOP times out
+    finally:
+        await consumer.aclose()
 
 
 async def test_what_the_brpop_took_is_kept_when_the_script_behind_it_fails(
@@ -182,13 +185,47 @@ async def test_what_the_brpop_took_is_kept_when_the_script_behind_it_fails(
     await r.set(lists[3], "not a list")  # the script's RPOP on it fails with WRONGTYPE
     await r.lpush(lists[0], task_message("t.chat", {}, queue="chat", task_id="kept"))
     consumer = QueueConsumer(r, lists, {}, 8, poll_s=0.2, batch=4)
-    with caplog.at_level(logging.WARNING, logger="workers.consumer"):
-        got = await consumer._pop(4)
-    assert [parse_task_message(raw).task_id for raw in got] == ["kept"]
-    assert any("WRONGTYPE" in rec.getMessage() for rec in caplog.records)
-    await r.delete(lists[3])
-    await r.lpush(lists[0], task_message("t.chat", {}, queue="chat", task_id="next"))
-    assert [parse_task_message(raw).task_id for raw in await consumer._pop(4)] == ["next"]
+    try:
+        with caplog.at_level(logging.WARNING, logger="workers.consumer"):
+            got = await consumer._pop(4)
+        assert [parse_task_message(raw).task_id for raw in got] == ["kept"]
+        assert any("WRONGTYPE" in rec.getMessage() for rec in caplog.records)
+        await r.delete(lists[3])
+        await r.lpush(lists[0], task_message("t.chat", {}, queue="chat", task_id="next"))
+        assert [parse_task_message(raw).task_id for raw in await consumer._pop(4)] == ["next"]
+    finally:
+        await consumer.aclose()
+
+
+async def test_a_flushed_script_cache_loses_nothing(tmp_path: Path) -> None:
+    """The batched read calls its script by hash. After a SCRIPT FLUSH the script does not run
+    (NOSCRIPT): the BRPOP's message is started, the others stay queued, and the next read,
+    on a new connection that loaded the script again, takes them."""
+    port = free_port()
+    server = throwaway_redis_server(port, tmp_path)
+    r = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
+    lists = priority_lists("ftcons:flush")
+    consumer = QueueConsumer(r, lists, {}, 8, poll_s=0.2, batch=4)
+
+    async def push(*ids: str) -> None:
+        for task_id in ids:
+            await r.lpush(lists[0], task_message("t.chat", {}, queue="chat", task_id=task_id))
+
+    async def pop() -> list[str]:
+        return [parse_task_message(raw).task_id for raw in await consumer._pop(4)]
+
+    try:
+        await push("a0")
+        assert await pop() == ["a0"]
+        await r.script_flush()
+        await push("a1", "a2", "a3")
+        assert await pop() == ["a1"]
+        assert await pop() == ["a2", "a3"]
+    finally:
+        await consumer.aclose()
+        await r.aclose()
+        server.terminate()
+        server.wait(10)
 
 
 async def test_a_failing_task_frees_its_slot(prefixed: tuple[aioredis.Redis, Keys]) -> None:
