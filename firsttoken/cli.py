@@ -105,6 +105,7 @@ def _serve_chat(args: argparse.Namespace, concurrency: int) -> int:
     from workers.app import SHUTDOWN_GRACE_S
     from workers.chat import HANDLERS, warm_chat_worker
     from workers.consumer import serve
+    from workers.deferred import deferred
 
     logging.basicConfig(
         level=args.loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
@@ -117,6 +118,7 @@ def _serve_chat(args: argparse.Namespace, concurrency: int) -> int:
             concurrency=concurrency,
             shutdown_grace_s=SHUTDOWN_GRACE_S,
             warm=warm_chat_worker,
+            after_read=deferred.after_read,
         )
     )
     return 0

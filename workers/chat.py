@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -40,6 +41,7 @@ from workers.app import app
 from workers.cache_stage import CacheStage, Lookup
 from workers.context import WorkerContext, announce, get_context
 from workers.db import database
+from workers.deferred import deferred
 from workers.generate import Generation, job_generation
 from workers.publish import JobPublisher
 from workers.record import Outcome, record
@@ -258,10 +260,11 @@ class ChatRun:
         self.model = prepared.model
         self._built = prepared.built
         self.generation = job_generation(self.ctx, prepared.job, self.publisher)
-        # Off the first token's path: started now, these run once the engine request is out
-        # (a first turn's prompt may go out before its tokens are counted: see BuiltPrompt).
-        retrieve.start_background(prepared)
-        asyncio.get_running_loop().call_soon(getattr, prepared.built, "prompt_tokens")
+        # Off the first token's path: these run once the engine request is out, and once no
+        # other chat waits in the queue for its own (workers/deferred.py). A first turn's
+        # prompt may go out before its tokens are counted: see BuiltPrompt.
+        deferred.later(functools.partial(retrieve.start_background, prepared))
+        deferred.later(functools.partial(getattr, prepared.built, "prompt_tokens"))
         if lookup is None or lookup.done():
             # Nothing to race: this task sends the engine request itself, in this step, so
             # the request leaves ahead of whatever else waits on the loop (a new task would

@@ -89,7 +89,11 @@ class QueueConsumer:
         poll_s: float = 1.0,
         batch: int = 1,
         first_use: FirstUse | None = None,
+        after_read: Callable[[bool], None] | None = None,
     ) -> None:
+        """`after_read`, if given, is called after each read's chats took their first steps,
+        with whether the read came back full (more than one asked for and all of them came:
+        more chats are likely waiting); see workers/deferred.py."""
         self._redis = redis
         self._lists = list(lists)
         self._handlers = dict(handlers)
@@ -97,6 +101,7 @@ class QueueConsumer:
         self._poll_s = poll_s
         self._batch = max(1, batch)
         self._first_use = first_use
+        self._after_read = after_read
         self._stopping = False
         self._waiting_for_slot = False
         self._reader: asyncio.Task[None] | None = None
@@ -149,6 +154,8 @@ class QueueConsumer:
                     # Let the chats just started take their first steps (up to their engine
                     # request) before this loop spends time arming the next read.
                     await asyncio.sleep(0)
+                if self._after_read is not None:
+                    self._after_read(taken > 1 and len(messages) == taken)
         except asyncio.CancelledError:
             if not self._stopping:
                 raise
@@ -292,6 +299,7 @@ async def serve(
     concurrency: int,
     shutdown_grace_s: float,
     warm: Callable[[], Awaitable[None]] | None = None,
+    after_read: Callable[[bool], None] | None = None,
 ) -> None:
     """Run one worker process on `queue` until SIGTERM or SIGINT (a second one: cold stop)."""
     from shared.settings import get_settings
@@ -314,6 +322,7 @@ async def serve(
         concurrency,
         batch=PICKUP_BATCH,
         first_use=FirstUse(),
+        after_read=after_read,
     )
     loop = asyncio.get_running_loop()
     signals = 0

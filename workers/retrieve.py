@@ -408,6 +408,9 @@ def start_background(prepared: Prepared) -> None:
 async def settle_background(prepared: Prepared, wait_s: float = 0.05) -> None:
     """Add the background sources' results to ``prepared.retrieval`` (waiting at most
     ``wait_s``: by the end of an answer they are long done); one still running is dropped."""
+    if prepared.deferred:  # still held back (workers/deferred.py): reported as skipped
+        prepared.retrieval["skipped"].extend(source.name for source, _ in prepared.deferred)
+        prepared.deferred.clear()
     tasks = prepared.background
     if not tasks:
         return

@@ -157,6 +157,39 @@ async def test_a_burst_starts_in_queue_order(
         await asyncio.wait_for(reader, 5)
 
 
+async def test_it_reports_whether_each_read_came_back_full(
+    prefixed: tuple[aioredis.Redis, Keys],
+) -> None:
+    """After each read's chats took their first step: full (a backlog: deferred work waits)
+    while a read takes all it asked for, not full once one comes back short or empty."""
+    r, keys = prefixed
+    queue = keys.queue_list("chat")
+    reports: list[tuple[bool, int]] = []
+    recorder = Recorder()
+    consumer = QueueConsumer(
+        r,
+        priority_lists(queue),
+        {"t.chat": recorder},
+        16,
+        0.2,
+        4,
+        after_read=lambda full: reports.append((full, len(recorder.calls))),
+    )
+    for i in range(6):
+        await r.lpush(queue, task_message("t.chat", {}, queue="chat", task_id=f"w{i}"))
+    reader = await _start(consumer)
+    try:
+        for _ in range(6):
+            await asyncio.wait_for(recorder.started.get(), 10)
+        await asyncio.sleep(0.3)  # a read that finds nothing (poll_s 0.2)
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(reader, 5)
+    # 4 of 4 (their chats already started), then 2 of 4, then nothing.
+    assert reports[:2] == [(True, 4), (False, 6)]
+    assert all(report == (False, 6) for report in reports[2:]) and len(reports) >= 3
+
+
 async def test_one_read_takes_up_to_its_count_in_priority_order(
     prefixed: tuple[aioredis.Redis, Keys],
 ) -> None:
