@@ -181,7 +181,7 @@ async def test_it_reports_whether_each_read_came_back_full(
     try:
         for _ in range(6):
             await asyncio.wait_for(recorder.started.get(), 10)
-        await asyncio.sleep(0.3)  # a read that finds nothing (poll_s 0.2)
+        await asyncio.sleep(0.5)  # a read that finds nothing (poll_s 0.2)
     finally:
         consumer.stop()
         await asyncio.wait_for(reader, 5)

@@ -25,7 +25,7 @@ async def test_held_while_reads_come_back_full_then_run_in_order() -> None:
     work.later(lambda: ran.append("a"))
     work.later(lambda: ran.append("b"))
     work.after_read(True)
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)
     assert ran == [] and work.held == 2
     work.after_read(False)  # a short read: the backlog is gone
     assert ran == ["a", "b"] and work.held == 0
@@ -35,16 +35,18 @@ async def test_held_while_reads_come_back_full_then_run_in_order() -> None:
 
 
 async def test_held_work_runs_after_the_longest_hold_even_under_a_lasting_backlog() -> None:
-    work, ran = DeferredWork(max_hold_s=0.05), []
+    work, ran = DeferredWork(max_hold_s=0.2), []
     work.after_read(True)
     work.later(lambda: ran.append("a"))
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0)
     work.after_read(True)
     assert ran == []
-    await asyncio.sleep(0.06)
+    await asyncio.sleep(0.3)
     assert ran == ["a"]
     work.later(lambda: ran.append("b"))  # still holding: a new hold starts
-    await asyncio.sleep(0.08)
+    await asyncio.sleep(0)
+    assert ran == ["a"]
+    await asyncio.sleep(0.3)
     assert ran == ["a", "b"]
 
 
