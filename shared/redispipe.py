@@ -258,12 +258,7 @@ class RedisPipe:
         stream = conn._reader
         if stream is None:
             raise ConnectionError("the pipe's connection is closed")
-        parser = hiredis.Reader(
-            protocolError=InvalidResponse,
-            replyError=BaseParser.parse_error,
-            encoding=conn.encoder.encoding,
-            errors=conn.encoder.encoding_errors,
-        )
+        parser = reply_parser(conn)
         in_flight = self._in_flight
         while True:
             data = await stream.read(READ_SIZE)
@@ -286,6 +281,19 @@ class RedisPipe:
                     call.reply.set_result(answer)
             if not in_flight:
                 self._drained.set()
+
+
+def reply_parser(conn: AbstractConnection) -> hiredis.Reader:
+    """A hiredis reader for replies read straight off ``conn``'s stream: redis-py's exception
+    classes for errors (an error reply is returned, not raised), strings decoded as the
+    connection's client would."""
+    encoder = conn.encoder
+    return hiredis.Reader(
+        protocolError=InvalidResponse,
+        replyError=BaseParser.parse_error,
+        encoding=encoder.encoding if encoder.decode_responses else None,
+        errors=encoder.encoding_errors,
+    )
 
 
 class PipeScript:

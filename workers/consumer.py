@@ -36,11 +36,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 import hiredis
 import redis.asyncio as aioredis
 from kombu.transport.redis import PRIORITY_STEPS, Channel
-from redis._parsers.base import BaseParser
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import InvalidResponse, NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from shared.heap import FirstUse, freeze_startup_objects
+from shared.redispipe import READ_SIZE, reply_parser
 from shared.resp import pack
 from shared.tasks import TaskCall, parse_task_message
 
@@ -73,8 +73,6 @@ end
 return out
 """
 POP_MORE_SHA = hashlib.sha1(POP_MORE.encode()).hexdigest().encode()
-
-READ_SIZE = 65536  # bytes per read of replies
 
 
 class QueueConsumer:
@@ -178,7 +176,7 @@ class QueueConsumer:
                 raise one
         except BaseException:
             # A reply left unread (an error, a cancelled read): out of step, so closed.
-            await self._disconnect()
+            await self.aclose()
             raise
         popped = [] if one is None else [one[1]]  # type: ignore[index]
         if count == 1:
@@ -187,14 +185,14 @@ class QueueConsumer:
             more = await self._reply()
         except (RedisError, OSError) as exc:  # what the BRPOP took is started all the same
             log.warning("chat queue: popping more than one message failed (%s)", exc)
-            await self._disconnect()
+            await self.aclose()
             return popped
         if isinstance(more, ResponseError):
             # The script did not run (NOSCRIPT: the script cache was flushed; the next
             # connection loads it again) or stopped: the BRPOP's message is started.
             log.warning("chat queue: popping more than one message failed (%s)", more)
             if isinstance(more, NoScriptError):
-                await self._disconnect()
+                await self.aclose()
             return popped
         return [*popped, *more]  # type: ignore[misc]
 
@@ -208,12 +206,7 @@ class QueueConsumer:
         except BaseException:
             await conn.disconnect()
             raise
-        self._parser = hiredis.Reader(
-            protocolError=InvalidResponse,
-            replyError=BaseParser.parse_error,
-            encoding=conn.encoder.encoding if conn.encoder.decode_responses else None,
-            errors=conn.encoder.encoding_errors,
-        )
+        self._parser = reply_parser(conn)
         self._conn = conn
         return conn
 
@@ -229,10 +222,8 @@ class QueueConsumer:
         return answer
 
     async def aclose(self) -> None:
-        """Close the reads' connection (:meth:`run` does so when it ends)."""
-        await self._disconnect()
-
-    async def _disconnect(self) -> None:
+        """Close the reads' connection (:meth:`run` does so when it ends; the next read opens
+        a new one)."""
         conn, self._conn, self._parser = self._conn, None, None
         if conn is not None:
             await conn.disconnect()
