@@ -211,3 +211,48 @@ async def test_finished_channels_leave_together_and_a_resubscribed_one_stays(
     assert (await admin.pubsub_numsub(f"{name}:c"))[0][1] == 1
     await admin.publish(f"{name}:c", "still here")
     await _until(lambda: got == ["still here"])
+
+
+async def test_a_turns_later_subscribes_go_out_together_before_the_pipe_writes(
+    started: tuple[str, Relay], services: Services
+) -> None:
+    """The first SUBSCRIBE of a turn of the loop is written at once, the turn's later ones
+    when it ends, unless the gateway's pipe writes first: it flushes them ahead of its own
+    write (a job's SUBSCRIBE must reach Redis before the LPUSH that enqueues it)."""
+    import time
+
+    import redis
+
+    from shared.redispipe import RedisPipe
+
+    name, relay = started
+    pipe = RedisPipe(services.redis_url, before_write=relay.flush_subscribes)
+    await pipe.start()
+    sync = redis.Redis.from_url(services.redis_url, decode_responses=True)
+
+    def subscribed(*jobs: str) -> list[int]:
+        """Subscribers per channel, polled for up to 0.5 s with the loop held."""
+        counts: list[int] = []
+        for _ in range(100):
+            counts = [n for _, n in sync.pubsub_numsub(*(f"{name}:{j}" for j in jobs))]  # type: ignore[union-attr]
+            if all(counts):
+                break
+            time.sleep(0.005)  # holding the loop is the point (a sync helper)
+        return counts
+
+    try:
+        await asyncio.sleep(0)  # a fresh turn
+        for job in ("a", "b", "c"):
+            relay.subscribe(f"{name}:{job}", lambda _m: None)
+        assert subscribed("a", "b", "c") == [1, 0, 0]  # only the turn's first is out
+        pipe.send([b"PING"], urgent=True)  # the pipe's write sends b and c first
+        assert subscribed("a", "b", "c") == [1, 1, 1]
+        relay.subscribe(f"{name}:d", lambda _m: None)  # same turn: waits for its end
+        assert subscribed("d") == [0]
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert subscribed("d") == [1]
+        await pipe.flush()
+    finally:
+        sync.close()
+        await pipe.close()
