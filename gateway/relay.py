@@ -2,19 +2,17 @@
 
 The connection is a bare asyncio protocol with a hiredis reader: a message is parsed and
 handed to its job's handler inside the callback that read it, and `subscribe` writes its
-command without awaiting anything: at once when it is the first of its turn of the event
-loop, else together with the turn's others when the turn ends (a burst of chats admitted in
-one turn costs one write, not one each). `unsubscribe` stops the routing at once and sends
-finished channels to Redis together, every UNSUBSCRIBE_DELAY_S. (redis-py's PubSub costs a
-task switch or two per command and ~1/5 of the gateway's CPU per message at 50 streams.)
+command at once, without awaiting anything (`unsubscribe` stops the routing at once and
+sends finished channels to Redis together, every UNSUBSCRIBE_DELAY_S). (redis-py's PubSub
+costs a task switch or two per command and ~1/5 of the gateway's CPU per message at 50
+streams.)
 
 Ordering is what keeps pub/sub (at-most-once) from losing a job's first token: the gateway
-writes SUBSCRIBE on this connection before it enqueues the job on another one (its Redis
-pipe calls :meth:`Relay.flush_subscribes` before each write). Redis has then read the
-SUBSCRIBE before the LPUSH that follows it, and a worker can publish only after a BRPOP round
-trip and its own work; a token missed anyway shows up as a seq gap and is repaired from the
-job's replay stream. `subscribe_confirmed` also waits for Redis to acknowledge (needed before
-reading a replay log, as `resume` does).
+writes SUBSCRIBE on this connection before it enqueues the job on another one. Redis has
+then read the SUBSCRIBE before the LPUSH that follows it, and a worker can publish only after
+a BRPOP round trip and its own work; a token missed anyway shows up as a seq gap and is
+repaired from the job's replay stream. `subscribe_confirmed` also waits for Redis to
+acknowledge (needed before reading a replay log, as `resume` does).
 
 If the connection drops, the relay reconnects with backoff, subscribes to every channel again
 and calls `on_reconnect`, so the gateway can repair each job from its replay stream: whatever
@@ -144,8 +142,6 @@ class Relay:
         self._closed = False
         self._connected_at = 0.0
         self._leaving: dict[bytes, None] = {}  # channels to UNSUBSCRIBE, in order
-        self._joining: list[bytes] = []  # channels to SUBSCRIBE when this turn of the loop ends
-        self._turn_wrote = False  # a SUBSCRIBE went out this turn
         self._leave_timer: asyncio.TimerHandle | None = None
         self.reconnects = 0
 
@@ -175,37 +171,13 @@ class Relay:
         return self._transport is not None
 
     def subscribe(self, channel: str, handler: Handler) -> None:
-        """Route `channel`'s messages to `handler`. The SUBSCRIBE is written before returning
-        when it is the first of this turn of the loop; the turn's later ones go out together
-        when it ends, or at the next :meth:`flush_subscribes`, whichever comes first.
+        """Route `channel`'s messages to `handler`; the SUBSCRIBE is written before returning.
 
         While the connection is down the channel is recorded and subscribed on reconnect."""
         name = channel.encode()
         self._handlers[name] = handler
-        if self._transport is None:
-            return
-        if self._turn_wrote:
-            self._joining.append(name)
-            return
-        self._transport.write(pack((b"SUBSCRIBE", name)))
-        self._turn_wrote = True
-        asyncio.get_running_loop().call_soon(self._end_turn)
-
-    def flush_subscribes(self) -> None:
-        """Write every SUBSCRIBE still waiting for its turn's end: call it before writing
-        anything that must reach Redis after them (the job's LPUSH, on another connection)."""
-        if not self._joining:
-            return
-        names = [name for name in self._joining if name in self._handlers]
-        self._joining.clear()
-        if self._transport is None:
-            return  # a new connection subscribes every channel with a handler
-        for i in range(0, len(names), CHANNELS_PER_COMMAND):
-            self._transport.write(pack((b"SUBSCRIBE", *names[i : i + CHANNELS_PER_COMMAND])))
-
-    def _end_turn(self) -> None:
-        self._turn_wrote = False
-        self.flush_subscribes()
+        if self._transport is not None:
+            self._transport.write(pack((b"SUBSCRIBE", name)))
 
     async def subscribe_confirmed(self, channel: str, handler: Handler) -> None:
         """Subscribe and wait until Redis has acknowledged it (at most 5 s)."""
@@ -253,7 +225,6 @@ class Relay:
         self._transport, self._protocol = transport, protocol
         self._connected_at = asyncio.get_running_loop().time()
         self._leaving.clear()  # this connection has none of the old one's subscriptions
-        self._joining.clear()  # subscribed below with every other channel
         transport.writelines(self._address.handshake(self._client_name))
         names = list(self._handlers)  # every channel again, after a reconnect
         for i in range(0, len(names), CHANNELS_PER_COMMAND):

@@ -56,24 +56,19 @@ class Gateway:
                 tenant_tpm=settings.tenant_tpm_default,
             ),
         )
-        self.relay = Relay(
-            settings.redis_url,
-            f"{settings.redis_prefix}:gw:{self.name}",
-            on_reconnect=self._after_relay_reconnect,
-            client_name=f"firsttoken-relay-{os.getpid()}",
-        )
         # Admission and settlement scripts, pipelined on one connection (shared/redispipe.py).
-        # A job's SUBSCRIBE goes out before the write that enqueues it (gateway/relay.py).
-        self.pipe = RedisPipe(
-            settings.redis_url,
-            client_name=f"firsttoken-gateway-{os.getpid()}",
-            before_write=self.relay.flush_subscribes,
-        )
+        self.pipe = RedisPipe(settings.redis_url, client_name=f"firsttoken-gateway-{os.getpid()}")
         self.limiter = RateLimiter(self.pipe, self.keys, settings.stream_lease_s)
         self.guard = ConnectionGuard(
             max_connections=settings.max_connections,
             idle_timeout_s=settings.idle_timeout_s,
             origins=settings.allowed_origins,
+        )
+        self.relay = Relay(
+            settings.redis_url,
+            f"{settings.redis_prefix}:gw:{self.name}",
+            on_reconnect=self._after_relay_reconnect,
+            client_name=f"firsttoken-relay-{os.getpid()}",
         )
         self.metrics = GatewayMetrics()
         self.sessions: set[Session] = set()

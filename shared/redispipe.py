@@ -15,12 +15,6 @@ chat's first, `done`); a call with a reply future, or an ``urgent`` one, writes 
 at once as without it. In a chat worker at 25 streams, 2 ms measured about a quarter less
 Redis CPU per token (scripts/bench_worker_cpu.py; the worker's own CPU moved within its noise).
 
-Urgent calls in a burst: the first urgent write of a turn of the event loop goes out at once;
-the urgent calls after it in the same turn (a burst of chats admitted, or of first tokens,
-one after another) go out together in one write when the turn ends, ahead of the next turn's
-work. A write that wakes an idle Redis costs ~60 µs of CPU between the two processes on a
-2-vCPU VM (session 18's host), a tenth of that per command when ten share it.
-
 Ordering: Redis runs one connection's commands in the order they arrive, so everything sent
 through one pipe runs in the order it was sent, without waiting for each reply (a job's tokens,
 then its `done`).
@@ -44,7 +38,7 @@ import hashlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import hiredis
@@ -78,7 +72,6 @@ class RedisPipe:
         down_fail_s: float = 2.0,
         client_name: str = "firsttoken-pipe",
         linger_s: float = 0.0,
-        before_write: Callable[[], None] | None = None,
     ) -> None:
         # Only to parse the URL. No socket timeout: the reader waits on an idle connection
         # for as long as nothing is sent (redis-py's default of 5 s would end it).
@@ -90,13 +83,8 @@ class RedisPipe:
         self._max_pending = max_pending
         self._down_fail_s = down_fail_s
         self._linger_s = linger_s
-        # Run before each write: what must reach Redis ahead of these commands on another
-        # connection goes out first (the gateway's SUBSCRIBEs, gateway/relay.py).
-        self._before_write = before_write
         self._lingering = False  # the writer is holding the buffer for linger_s
         self._prompt = False  # a call someone awaits is queued: no lingering for it
-        self._turn_wrote = False  # an urgent write went out this turn of the loop
-        self._turn_urgent = False  # and urgent calls queued after it wait for the turn's end
         self._conn: AbstractConnection | None = None
         self._buffer: list[bytes] = []
         self._in_flight: deque[_Call] = deque()  # written (or about to be), not yet answered
@@ -156,14 +144,7 @@ class RedisPipe:
             if reply is not None:
                 self._prompt = True
                 urgent = urgent or self._lingering
-            if not urgent:
-                self._wake.set()
-            elif self._turn_wrote:  # written when the turn ends, with the others after it
-                self._turn_urgent = True
-            elif self._write_now():
-                self._turn_wrote = True
-                asyncio.get_running_loop().call_soon(self._end_turn)
-            else:
+            if not (urgent and self._write_now()):
                 self._wake.set()
 
     async def call(self, *args: bytes | str) -> object:
@@ -192,15 +173,6 @@ class RedisPipe:
                 await self._conn.disconnect()
 
     # --- internals ------------------------------------------------------------------------
-    def _end_turn(self) -> None:
-        """First thing in the next turn: write what the urgent calls after the turn's first
-        one queued (with whatever was queued before them)."""
-        self._turn_wrote = False
-        if self._turn_urgent:
-            self._turn_urgent = False
-            if self._buffer and not self._write_now():
-                self._wake.set()
-
     def _write_now(self) -> bool:
         """Hand the buffer to the socket's transport at once; False where redis-py's connection
         has no stream writer (then the writer task sends it). Order holds: the writer task's
@@ -209,8 +181,6 @@ class RedisPipe:
         if writer is None or writer.is_closing():
             return False
         data, self._buffer = self._buffer, []
-        if self._before_write is not None:
-            self._before_write()
         writer.writelines(data)
         return True
 
@@ -278,8 +248,6 @@ class RedisPipe:
             self._prompt = False
             data, self._buffer = self._buffer, []
             if data:
-                if self._before_write is not None:
-                    self._before_write()
                 await conn.send_packed_command(data, check_health=False)
 
     async def _read(self, conn: AbstractConnection) -> None:

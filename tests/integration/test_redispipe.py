@@ -268,49 +268,6 @@ async def test_an_urgent_call_is_written_at_once_with_what_was_queued_before_it(
         await pipe.close()
 
 
-async def test_urgent_calls_after_the_first_in_a_turn_go_out_together_when_it_ends(
-    services: Services,
-) -> None:
-    """The first urgent call of a turn of the loop is written at once; the urgent calls after
-    it in the same turn wait for the turn's end and go out together, in order, before anything
-    the next turn runs."""
-    import redis
-
-    pipe = RedisPipe(services.redis_url)
-    await pipe.start()
-    key = f"ftpipe{uuid.uuid4().hex[:8]}"
-    sync = redis.Redis.from_url(services.redis_url, decode_responses=True)
-
-    def held_for(count: int) -> list[str]:
-        got: list[str] = []
-        for _ in range(100):  # the loop does not run in here
-            got = sync.lrange(key, 0, -1)  # type: ignore[assignment]
-            if len(got) >= count:
-                break
-            time.sleep(0.005)  # holding the loop is the point (a sync helper)
-        return got
-
-    try:
-        pipe.send([b"RPUSH", key.encode(), b"first"], urgent=True)
-        pipe.send([b"RPUSH", key.encode(), b"second"], urgent=True)
-        pipe.send([b"RPUSH", key.encode(), b"third"], urgent=True)
-        assert held_for(2) == ["first"]  # 0.5 s with the loop held: only the first is out
-        seen: list[list[str]] = []
-        # Scheduled now, so it runs after the pipe's end-of-turn write (scheduled before).
-        asyncio.get_running_loop().call_soon(lambda: seen.append(held_for(3)))
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        assert seen == [["first", "second", "third"]]
-        # A new turn: its first urgent call goes out at once again.
-        pipe.send([b"RPUSH", key.encode(), b"fourth"], urgent=True)
-        assert held_for(4) == ["first", "second", "third", "fourth"]
-        await pipe.flush()
-    finally:
-        sync.delete(key)
-        sync.close()
-        await pipe.close()
-
-
 async def test_linger_holds_chunks_until_an_awaited_call_or_urgent_one(services: Services) -> None:
     """With a linger (here 30 s, far past anything the test waits), chunks nobody awaits stay
     in the process; a call with a reply, or an urgent one, writes them at once, in order."""
