@@ -18,6 +18,15 @@ with the simulator's 150 ms to the first token and a window that ends before it,
 work the burst needs before its engine requests are all out, the part that decides how late
 the last chat of a closed loop's first wave gets its first token. The total over the number of
 cores is the least time that work can take here.
+
+    python scripts/bench_burst.py --streams 200 --bursts 10 --repeats 1 --syscalls
+
+With `--syscalls`, also prints each process's read and write system calls per chat (Linux
+/proc's `syscr` / `syscw`), over whole chats: a count that does not drift with the host's
+speed. On a small VM a write that wakes an idle process costs tens of µs of CPU across the
+two; a burst's writes shared by many chats cost a fraction of that each. (They count
+read()/write()-family calls: the socket I/O of uvloop, which the stack's processes run on,
+and of Redis; not send()/recv(), which this client's default event loop uses.)
 """
 
 from __future__ import annotations
@@ -36,8 +45,19 @@ from firsttoken.bench.profiles import get_profile
 from firsttoken.bench.stack import BenchStack, cpu_seconds
 
 
+def io_calls(pid: int) -> tuple[int, int]:
+    """(read, write) system calls of one process so far (Linux /proc; (0, 0) elsewhere)."""
+    try:
+        fields = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/io").read_text().splitlines()
+        )
+        return int(fields["syscr"]), int(fields["syscw"])
+    except (OSError, KeyError, ValueError):
+        return 0, 0
+
+
 async def _measure(
-    stack: BenchStack, streams: int, bursts: int, window_s: float
+    stack: BenchStack, streams: int, bursts: int, window_s: float, calls: dict[str, list[float]]
 ) -> dict[str, float]:
     client = StackClient(
         stack.ws_url, stack.api_key, connections=streams, max_tokens=1, cache=False
@@ -51,6 +71,7 @@ async def _measure(
             pids["client"] = os.getpid()
         spent = dict.fromkeys(pids, 0.0)  # s of CPU: whole chats, or the windows only
         whole = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        io_before = {name: io_calls(pid) for name, pid in pids.items()}
         answered = 0
         for b in range(bursts):
             burst = asyncio.gather(
@@ -68,6 +89,11 @@ async def _measure(
             raise RuntimeError(f"only {answered} of {streams * bursts} chats were answered")
         if not window_s:
             spent = {name: cpu_seconds(pid) - whole[name] for name, pid in pids.items()}
+        for name, pid in pids.items():
+            reads, writes = io_calls(pid)
+            calls.setdefault(name, []).extend(
+                ((reads - io_before[name][0]) / answered, (writes - io_before[name][1]) / answered)
+            )
         return {name: s * 1e3 / answered for name, s in spent.items()}
     finally:
         await client.close()
@@ -86,16 +112,26 @@ def main() -> int:
         help="count only the CPU of the first WINDOW ms of each burst, this client included "
         "(below the simulator's 150 ms to the first token; default: whole chats)",
     )
+    p.add_argument(
+        "--syscalls",
+        action="store_true",
+        help="also print each process's read and write system calls per chat (whole chats)",
+    )
     args = p.parse_args()
     if not 0 <= args.window_ms < 150:
         p.error("--window-ms must be at least 0 and below the simulator's 150 ms first token")
     stack = BenchStack(get_profile("chat-8b"), workers=args.workers)
+    calls: list[dict[str, list[float]]] = []
     try:
         stack.start_stack()
-        runs = [
-            asyncio.run(_measure(stack, args.streams, args.bursts, args.window_ms / 1000))
-            for _ in range(args.repeats)
-        ]
+        runs = []
+        for _ in range(args.repeats):
+            calls.append({})
+            runs.append(
+                asyncio.run(
+                    _measure(stack, args.streams, args.bursts, args.window_ms / 1000, calls[-1])
+                )
+            )
     finally:
         stack.close()
     part = f"in the first {args.window_ms:g} ms of " if args.window_ms else "in "
@@ -111,6 +147,15 @@ def main() -> int:
             f"  {'all':14s} {total:.3f}: {total * args.streams:.1f} ms of CPU per burst, at "
             f"least {total * args.streams / cores:.1f} ms on {cores} cores"
         )
+    if args.syscalls:
+        print(f"system calls per chat, whole chats (median over {args.repeats} repeats)")
+        for name in calls[0]:
+            reads = statistics.median(c[name][0] for c in calls)
+            writes = statistics.median(c[name][1] for c in calls)
+            print(f"  {name:14s} reads {reads:5.2f}  writes {writes:5.2f}")
+        reads = statistics.median(sum(v[0] for v in c.values()) for c in calls)
+        writes = statistics.median(sum(v[1] for v in c.values()) for c in calls)
+        print(f"  {'all':14s} reads {reads:5.2f}  writes {writes:5.2f}")
     return 0
 
 
