@@ -57,8 +57,13 @@ def io_calls(pid: int) -> tuple[int, int]:
 
 
 async def _measure(
-    stack: BenchStack, streams: int, bursts: int, window_s: float, calls: dict[str, list[float]]
+    stack: BenchStack,
+    streams: int,
+    bursts: int,
+    window_s: float,
+    calls: dict[str, tuple[float, float]],
 ) -> dict[str, float]:
+    """CPU per chat of each process (ms); fills `calls` with its (reads, writes) per chat."""
     client = StackClient(
         stack.ws_url, stack.api_key, connections=streams, max_tokens=1, cache=False
     )
@@ -91,9 +96,8 @@ async def _measure(
             spent = {name: cpu_seconds(pid) - whole[name] for name, pid in pids.items()}
         for name, pid in pids.items():
             reads, writes = io_calls(pid)
-            calls.setdefault(name, []).extend(
-                ((reads - io_before[name][0]) / answered, (writes - io_before[name][1]) / answered)
-            )
+            before_reads, before_writes = io_before[name]
+            calls[name] = ((reads - before_reads) / answered, (writes - before_writes) / answered)
         return {name: s * 1e3 / answered for name, s in spent.items()}
     finally:
         await client.close()
@@ -121,7 +125,7 @@ def main() -> int:
     if not 0 <= args.window_ms < 150:
         p.error("--window-ms must be at least 0 and below the simulator's 150 ms first token")
     stack = BenchStack(get_profile("chat-8b"), workers=args.workers)
-    calls: list[dict[str, list[float]]] = []
+    calls: list[dict[str, tuple[float, float]]] = []  # per repeat: (reads, writes) per chat
     try:
         stack.start_stack()
         runs = []
