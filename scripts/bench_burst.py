@@ -26,7 +26,7 @@ With `--syscalls`, also prints each process's read and write system calls per ch
 speed. On a small VM a write that wakes an idle process costs tens of µs of CPU across the
 two; a burst's writes shared by many chats cost a fraction of that each. (They count
 read()/write()-family calls: the socket I/O of uvloop, which the stack's processes run on,
-and of Redis; not send()/recv(), which this client's default event loop uses.)
+and of Redis. This client is left out: it reads /proc meanwhile.)
 """
 
 from __future__ import annotations
@@ -61,9 +61,8 @@ async def _measure(
     streams: int,
     bursts: int,
     window_s: float,
-    calls: dict[str, tuple[float, float]],
-) -> dict[str, float]:
-    """CPU per chat of each process (ms); fills `calls` with its (reads, writes) per chat."""
+) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """Per process: its CPU per chat (ms), and its (reads, writes) system calls per chat."""
     client = StackClient(
         stack.ws_url, stack.api_key, connections=streams, max_tokens=1, cache=False
     )
@@ -71,12 +70,11 @@ async def _measure(
     try:
         # One chat per connection at a time: the client spreads a burst over its connections.
         await asyncio.gather(*(client.send(f"warm {i}") for i in range(streams)))
-        pids = stack.pids()
-        if window_s:
-            pids["client"] = os.getpid()
+        served = stack.pids()  # system calls: these only (this client reads /proc meanwhile)
+        pids = {**served, "client": os.getpid()} if window_s else served
         spent = dict.fromkeys(pids, 0.0)  # s of CPU: whole chats, or the windows only
         whole = {name: cpu_seconds(pid) for name, pid in pids.items()}
-        io_before = {name: io_calls(pid) for name, pid in pids.items()}
+        io_before = {name: io_calls(pid) for name, pid in served.items()}
         answered = 0
         for b in range(bursts):
             burst = asyncio.gather(
@@ -94,11 +92,12 @@ async def _measure(
             raise RuntimeError(f"only {answered} of {streams * bursts} chats were answered")
         if not window_s:
             spent = {name: cpu_seconds(pid) - whole[name] for name, pid in pids.items()}
-        for name, pid in pids.items():
+        calls = {}
+        for name, pid in served.items():
             reads, writes = io_calls(pid)
             before_reads, before_writes = io_before[name]
             calls[name] = ((reads - before_reads) / answered, (writes - before_writes) / answered)
-        return {name: s * 1e3 / answered for name, s in spent.items()}
+        return {name: s * 1e3 / answered for name, s in spent.items()}, calls
     finally:
         await client.close()
 
@@ -125,19 +124,16 @@ def main() -> int:
     if not 0 <= args.window_ms < 150:
         p.error("--window-ms must be at least 0 and below the simulator's 150 ms first token")
     stack = BenchStack(get_profile("chat-8b"), workers=args.workers)
-    calls: list[dict[str, tuple[float, float]]] = []  # per repeat: (reads, writes) per chat
     try:
         stack.start_stack()
-        runs = []
-        for _ in range(args.repeats):
-            calls.append({})
-            runs.append(
-                asyncio.run(
-                    _measure(stack, args.streams, args.bursts, args.window_ms / 1000, calls[-1])
-                )
-            )
+        measured = [
+            asyncio.run(_measure(stack, args.streams, args.bursts, args.window_ms / 1000))
+            for _ in range(args.repeats)
+        ]
     finally:
         stack.close()
+    runs = [cpu for cpu, _ in measured]
+    calls = [per_chat for _, per_chat in measured]  # per repeat: (reads, writes) per chat
     part = f"in the first {args.window_ms:g} ms of " if args.window_ms else "in "
     print(f"CPU per chat {part}bursts of {args.streams} (ms; median over {args.repeats} repeats)")
     for name in runs[0]:
