@@ -7,7 +7,7 @@ The parent sends one, waits for the echo, and times the round trip: back to back
 a pause before each send (10 and 150 ms by default; the 150 ms cases a tenth as many), so
 both processes, and both vCPUs when nothing else runs, are idle when the message is written.
 How late each pause's sleep woke is printed too. A lone chat's processes all sleep through
-the simulator's 150 ms to a first token; its path crosses six hops in the stack, two in the
+the simulator's 150 ms to a first token; its path crosses eight hops in the stack, two in the
 direct mode.
 """
 
