@@ -44,12 +44,23 @@ def _rounds(sock: socket.socket, rounds: int, pause_s: float) -> tuple[list[floa
     return times, late
 
 
+def _pauses(text: str) -> list[float]:
+    try:
+        pauses = [float(ms) for ms in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ms") from None
+    if any(ms <= 0 for ms in pauses):
+        raise argparse.ArgumentTypeError("every pause must be more than 0 ms")
+    return pauses
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=500, help="round trips per case")
     p.add_argument(
         "--idle-ms",
-        default="10,150",
+        type=_pauses,
+        default=[10.0, 150.0],
         help="comma-separated pauses before each send, ms (default 10,150: 150 is the "
         "simulator's wait for a first token, which every process of a lone chat sleeps through)",
     )
@@ -64,8 +75,7 @@ def main() -> None:
         sock, _ = server.accept()
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     _rounds(sock, 100, 0.0)  # warm-up
-    pauses = [float(ms) for ms in args.idle_ms.split(",")]
-    for pause_ms in (0.0, *pauses):
+    for pause_ms in (0.0, *args.idle_ms):
         label = f"after {pause_ms:g} ms idle" if pause_ms else "back to back"
         rounds = args.rounds if pause_ms < 50 else max(20, args.rounds // 10)
         times, late = _rounds(sock, rounds, pause_ms / 1000)
