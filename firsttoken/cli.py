@@ -162,7 +162,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _cmd_sim_server(args: argparse.Namespace) -> int:
-    from shared.simserver import main
+    from firsttoken.simserver import main
 
     return main(args.rest)
 

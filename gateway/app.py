@@ -19,7 +19,7 @@ from gateway.state import Gateway
 from shared.db.session import ping as db_ping
 from shared.errors import FirstTokenError, Overloaded, Unauthorized, error_frame
 from shared.heap import freeze_startup_objects
-from shared.models import model_table
+from shared.modeltable import model_table
 from shared.protocol import dumps
 from shared.settings import Settings, get_settings
 

@@ -36,7 +36,7 @@ from shared.limits import (
     reservation,
     tokens_over_limit,
 )
-from shared.models import model_table
+from shared.modeltable import model_table
 from shared.protocol import (
     AUTO_MODEL,
     NEW_CONVERSATION,

@@ -58,7 +58,7 @@ class Settings(BaseSettings):
     models: str | None = Field(
         None,
         description="The model table as a JSON list of {name, engine, url, served_model, "
-        "model_path, api_key, role (small|large), fallbacks}; see shared/models.py. Unset: "
+        "model_path, api_key, role (small|large), fallbacks}; see shared/modeltable.py. Unset: "
         "one model from the FIRSTTOKEN_ENGINE* settings.",
     )
     models_file: str | None = Field(
@@ -413,8 +413,8 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check_models(self) -> Settings:
         # The model table is parsed here too, so a bad FIRSTTOKEN_MODELS stops every process
-        # at start-up rather than failing chats. Imported late: shared.models imports this.
-        from shared.models import load_models
+        # at start-up rather than failing chats. Imported late: shared.modeltable imports this.
+        from shared.modeltable import load_models
 
         try:
             load_models(self)

@@ -83,7 +83,7 @@ HANDLERS = {CHAT_TASK: chat_call}
 async def warm_chat_worker() -> None:
     """Before the first chat, on either pool: tokenizers, engine clients, the database pool, the
     embedding model and the cache index."""
-    from shared.models import model_table
+    from shared.modeltable import model_table
 
     settings = get_settings()
     models = model_table(settings)

@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 from shared.engines.base import Engine
 from shared.engines.factory import make_model_engine
 from shared.keys import BULK_QUEUE, Keys
-from shared.models import ModelSpec, ModelTable, model_table
+from shared.modeltable import ModelSpec, ModelTable, model_table
 from shared.redisclient import redis_client
 from shared.redispipe import PipeScript, RedisPipe
 from shared.settings import Settings, get_settings

@@ -28,7 +28,7 @@ from typing import Literal, Protocol
 from shared.engines.base import Delta, Engine, EngineRequest
 from shared.engines.deadlines import with_deadlines
 from shared.errors import DeadlineExceeded, EngineError, FirstTokenError
-from shared.models import ModelSpec, ModelTable
+from shared.modeltable import ModelSpec, ModelTable
 from shared.protocol import CHUNK_STARTED, dumps
 from shared.settings import Settings
 from shared.tasks import ChatJob

@@ -37,7 +37,7 @@ from shared.errors import ConfigError, InvalidRequest
 from shared.kb.index import KbIndexes
 from shared.kb.store import kb_version, load_chunks
 from shared.keys import SUMMARIZE_QUEUE, SUMMARIZE_TASK
-from shared.models import ModelTable
+from shared.modeltable import ModelTable
 from shared.prompt import (
     Budget,
     BuiltPrompt,

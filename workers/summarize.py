@@ -18,7 +18,7 @@ from shared.conversation import StoredMessage, summary_prompt
 from shared.db.models import Conversation, MessageRow
 from shared.engines.base import EngineRequest
 from shared.keys import SUMMARIZE_TASK
-from shared.models import ModelSpec, ModelTable
+from shared.modeltable import ModelSpec, ModelTable
 from shared.settings import Settings
 from workers.app import app
 from workers.context import WorkerContext, get_context

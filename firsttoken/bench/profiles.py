@@ -20,7 +20,7 @@ class Profile:
     step_ms: float = 0.0
 
     def sim_args(self) -> list[str]:
-        """Options for `python -m shared.simserver`."""
+        """Options for `python -m firsttoken.simserver`."""
         return [
             "--ttft-ms",
             str(self.ttft_ms),

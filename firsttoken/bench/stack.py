@@ -244,7 +244,7 @@ class BenchStack:
         self.sim_port = free_port()
         self._start(
             "sim",
-            ["-m", "shared.simserver", "--port", str(self.sim_port), *self.profile.sim_args()],
+            ["-m", "firsttoken.simserver", "--port", str(self.sim_port), *self.profile.sim_args()],
         )
         wait_for(lambda: port_open(self.sim_port), 30, "sim-server", self.procs)
         return self.engine_url

@@ -1,7 +1,7 @@
 """Pure arithmetic over bench results: percentiles, summaries, throughput timelines, tables.
 
 No I/O and no clocks: every function takes values and returns values, so it is unit-tested
-directly (tests/unit/test_bench_stats.py).
+directly (tests/unit/firsttoken/test_bench_stats.py).
 """
 
 from __future__ import annotations

@@ -8,12 +8,12 @@ from shared.engines.base import Engine
 from shared.settings import Settings
 
 if TYPE_CHECKING:
-    from shared.models import ModelSpec
+    from shared.modeltable import ModelSpec
 
 
 def make_engine(settings: Settings) -> Engine:
     """The engine ``settings.engine`` names (the default, one-model table)."""
-    from shared.models import default_table
+    from shared.modeltable import default_table
 
     return make_model_engine(default_table(settings).get(None), settings)
 

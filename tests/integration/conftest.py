@@ -135,7 +135,7 @@ class Stack:
 
     def start_sim(self, *sim_args: str) -> None:
         self.sim_port = free_port()
-        self.start("sim", ["-m", "shared.simserver", "--port", str(self.sim_port), *sim_args])
+        self.start("sim", ["-m", "firsttoken.simserver", "--port", str(self.sim_port), *sim_args])
         wait_until(lambda: port_open(self.sim_port), 20, what="sim-server")
         self.settings.update(engine="openai", engine_url=f"http://127.0.0.1:{self.sim_port}/v1")
 

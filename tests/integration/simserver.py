@@ -21,7 +21,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log: Path = tmp_path_factory.mktemp("simserver") / "server.log"
     proc = Child(
         python_cmd(
-            "-m", "shared.simserver", "--port", str(port), "--ttft-ms", "20", "--itl-ms", "5"
+            "-m", "firsttoken.simserver", "--port", str(port), "--ttft-ms", "20", "--itl-ms", "5"
         ),
         child_env(),
         log,

@@ -1,6 +1,6 @@
 """Engine faults through the whole stack: each ends the chat with a defined error, in time.
 
-One stack serves several models, each a sim-server misbehaving in one way (shared/simserver.py
+One stack serves several models, each a sim-server misbehaving in one way (firsttoken/simserver.py
 fault modes), so every fault and every failover path runs on the same gateway and worker.
 Deadlines are short: first token 1 s, idle 1 s; the gateway's own watchdog is at 4 s, so
 every error seen here comes from the worker's deadlines, not the watchdog.
@@ -75,7 +75,7 @@ def faulty(
     try:
         for name, args in FAULTS.items():
             port = ports[name] = free_port()
-            cmd = python_cmd("-m", "shared.simserver", "--port", str(port), *SIM, *args)
+            cmd = python_cmd("-m", "firsttoken.simserver", "--port", str(port), *SIM, *args)
             sims.append(Child(cmd, child_env(), logs / f"sim-{name}.log"))
         for name, port in ports.items():
             wait_until(lambda p=port: port_open(p), 20, what=f"sim-server {name}")

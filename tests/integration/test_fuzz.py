@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.integration.conftest import Client, Stack
-from tests.unit.test_limits_fuzz import FRAMES, NO_SURROGATES
+from tests.unit.shared.test_limits_fuzz import FRAMES, NO_SURROGATES
 
 pytestmark = pytest.mark.integration
 
