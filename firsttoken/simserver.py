@@ -232,7 +232,7 @@ async def _sse_events(
         completed = True
     finally:
         if not completed:
-            # Read by bench_abort.py: when the engine let go of an unfinished request.
+            # When the engine let go of an unfinished request: a disconnect-to-abort probe reads it.
             engine.stats.extra["last_abort_at"] = time.time()
     yield b"data: [DONE]\n\n"
 
@@ -392,8 +392,8 @@ def create_app(
 
     ``freeze_heap``: once the server has started, move every object alive then out of the
     garbage collector's view, as ``vllm serve`` does (``freeze_gc_heap`` in its lifespan):
-    without it a full collection walked the whole start-up heap and stopped this server for
-    ~13 ms under load, in the middle of a burst of first tokens."""
+    without it a full collection walks the whole start-up heap and stops this server under
+    load, in the middle of a burst of first tokens."""
     engine = SimEngine(options)
     registry = CollectorRegistry()
     registry.register(_StatsCollector(engine))

@@ -2,8 +2,8 @@
 
 A warmed-up worker or gateway holds hundreds of thousands of long-lived objects (tokenizers,
 the model table, SQLAlchemy and pydantic internals, the embedding model). Every full (gen 2)
-collection walked all of them: 80-110 ms with the event loop stopped, measured in a chat worker
-at 50 streams, which is every stream's p99. Objects that exist when start-up is done live
+collection walked all of them with the event loop stopped, long enough to become every
+stream's p99 under load. Objects that exist when start-up is done live
 until the process exits, so they are moved out of the collector's sight (`gc.freeze`, the
 technique CPython documents for pre-fork servers); later collections only walk what was
 created after it.

@@ -2,8 +2,8 @@
 
 The gateway never imports the workers: it builds a Celery protocol-2 message for a task *name*
 and LPUSHes it with an asynchronous Redis client. `apply_async` would block the event loop for a
-Redis round trip inside kombu on every chat (~0.36 ms here); this is the same message, sent
-without blocking. The integration tests prove a real Celery worker runs it.
+Redis round trip inside kombu on every chat; this is the same message, sent without
+blocking. The integration tests prove a real Celery worker runs it.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ class Database:
 
     async def warm(self) -> None:
         """Build the engine and open one pooled connection now (a worker's start-up): the
-        dialect's imports and the first connect otherwise land on a first chat (~50 ms)."""
+        dialect's imports and the first connect otherwise land on a first chat's latency."""
         self.sessionmaker()
         assert self._engine is not None
         await ping(self._engine)

@@ -457,8 +457,8 @@ class Bench:
             progress = Progress(label, requests, enabled=not a.no_progress and sys.stderr.isatty())
             load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
             # Everything this process holds so far (earlier runs' results, the stack's handles)
-            # out of the collector's sight, as the stack's processes do (shared/heap.py): full
-            # collections of it stopped this client for 20-125 ms inside 200-stream runs.
+            # out of the collector's sight, as the stack's processes do (shared/heap.py): a full
+            # collection of it would stop this client inside a run and count as the stack's time.
             gc.collect()
             gc.freeze()
             busy_before = await self._wait_idle()

@@ -3,9 +3,8 @@
 This is the floor: what a client would see with no gateway at all. The SSE stream is read
 as raw bytes and its content deltas counted, not parsed (JSON only for the final usage event),
 because the load generator has to stay far cheaper than the thing it measures. ``chars``
-counts content deltas here, not characters. HTTP is aiohttp's (parsed in C): on httpx this
-client took 56-59% of a core at 50 streams, 6.6 ms per request, on the benchmark host, all
-of it competing with the engine it measures.
+counts content deltas here, not characters. HTTP is aiohttp's (parsed in C): an httpx client
+cost several times its CPU per request, all of it competing with the engine it measures.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import Any
 
 from firsttoken.bench.stats import RequestResult
 
-try:  # orjson parses a token frame ~3x faster; the load generator must stay cheap
+try:  # orjson parses a token frame several times faster; the load generator must stay cheap
     import orjson
 
     _loads: Callable[[str | bytes], Any] = orjson.loads

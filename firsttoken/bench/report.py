@@ -272,7 +272,7 @@ def plot(path: Path, samples: Mapping[str, Sequence[RequestResult]], title: str)
 
 
 def markdown_from_json(path: Path) -> str:
-    """The tables of a saved run (``--json``), as Markdown: what BENCHMARKS.md quotes."""
+    """The tables of a saved run (``--json``), as Markdown: what docs/benchmarks.md quotes."""
     data = json.loads(path.read_text())
     agg = data["aggregate"]
     parts = [f"`{data['command']}`", "", summary_table(_nan(agg))]

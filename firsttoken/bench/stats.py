@@ -305,8 +305,7 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") 
         base = {r["repeat"]: r["summary"] for r in modes.get(baseline, [])}
         # The stack's CPU per request in units of the simulated engine's in the same run: the
         # engine does the same work per request in every run, so the ratio holds still while a
-        # shared host's speed drifts (the stack's own cost per request moved +-20% between runs
-        # minutes apart, this ratio +-2%).
+        # shared host's speed drifts, where the stack's own cost per request moves with it.
         entry["stack_cpu_per_engine_cpu"] = median_and_spread(
             per["stack"] / per[ENGINE_PROCESS]
             for per in per_request_by_mode.get("stack", [])

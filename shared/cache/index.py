@@ -1,11 +1,11 @@
 """In-memory vector indexes of one worker process: exact numpy cosine for small partitions,
 usearch HNSW for large ones. No I/O; the store keeps them in sync with Redis.
 
-Why two: a brute-force matrix product over a few thousand unit vectors is ~0.1 ms, exact, and
-supports cheap removal; at hundreds of thousands of rows it costs tens of ms, where HNSW answers
-in well under a millisecond. usearch was chosen over hnswlib by measurement (docs/bench/cache.md):
-similar recall and query time, but it builds faster, removes entries for real (hnswlib only marks
-them), and stores int8 rows (a quarter of float32's memory per entry).
+Why two: a brute-force matrix product over a few thousand unit vectors is cheap, exact, and
+supports cheap removal, but its cost grows with every row, where HNSW's barely does. usearch was
+chosen over hnswlib by measurement (docs/benchmarks.md, "Semantic cache"): similar recall and
+query time, but it builds faster, removes entries for real (hnswlib only marks them), and stores
+int8 rows (a quarter of float32's memory per entry).
 """
 
 from __future__ import annotations
@@ -86,10 +86,10 @@ class ExactIndex:
         return int(self._rows.nbytes + self._keys.nbytes + 100 * len(self._pos))
 
 
-# HNSW's search breadth by index size, from scripts/bench_cache_index.py (384-d, i8, M=16):
-# recall@1 0.99 at 100k with 64; at 1M 0.63 with 64, 0.82 with 128, 0.95 with 256, whose
-# search p99 is 3.4 ms (1.2 ms with 64). A missed neighbour is a cache miss, never a wrong
-# answer, so the breadth grows only where recall drops.
+# HNSW's search breadth by index size (384-d, i8, M=16): a small breadth keeps its recall on
+# small indexes and loses it on large ones, and a larger breadth costs search time on every
+# lookup (docs/benchmarks.md, "Semantic cache"). A missed neighbour is a cache miss, never a
+# wrong answer, so the breadth grows only where recall drops.
 EXPANSION_STEPS = ((200_000, 64), (500_000, 128))
 EXPANSION_LARGEST = 256
 

@@ -75,7 +75,7 @@ class OnnxMiniLM:
         self.model_path = model
         self._tokenizer = Tokenizer.from_file(str(tok))
         # The shipped tokenizer pads every input to 128; padding to the batch's longest is
-        # what keeps a single short query at ~4 ms.
+        # what keeps a single short query cheap (its cost grows with the padded length).
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(MAX_TOKENS)
         options = ort.SessionOptions()

@@ -6,10 +6,9 @@ so every query multiplies float32 matrices. A query of a dozen tokens is bound b
 ~42 MB of encoder weights, not by arithmetic. Here the folded float32 graph is quantized
 dynamically (onnxruntime's ``quantize_dynamic``): int8 weights per output channel, activations
 quantized per query, so each query reads a quarter of the bytes. The two attention products
-(activation x activation) stay float32: quantizing them moved embeddings to cosine 0.93-0.97
-of the original; without them they stay at 0.99+ and the cache's dev set gets the same
-decisions (BENCHMARKS.md). One query: 6.4 ms instead of 12.4 ms on one thread of the benchmark
-host.
+(activation x activation) stay float32: quantizing them too moved embeddings visibly away from
+the original's; without them the embeddings stay close to it and the cache's dev set gets the
+same decisions. A query takes about half the time (docs/benchmarks.md, "Semantic cache").
 
 The result is the same model in the same vector space, so stored cache entries and knowledge
 base chunks stay comparable. It is written to ``cache_dir`` under a name that hashes the source

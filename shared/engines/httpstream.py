@@ -1,11 +1,10 @@
 """Streamed HTTP/1.1 POSTs to one server over a keep-alive pool: the `openai` engine's client.
 
 Why not aiohttp here: a chat worker sends one POST per chat and reads one server-sent event per
-token, and both sit on the first token's path. Through aiohttp's client (request and response
-objects, header multidicts, its stream reader) that cost 420-720 µs of CPU per request and ~50
-µs per token on session 12's host, against 260-360 and ~39 here (``python
-scripts/bench_engine_client.py``), in a process whose CPU a burst of chats waits on. The
-request here is one prebuilt header block and a JSON body; the response is parsed by httptools
+token, and both sit on the first token's path. aiohttp's client (request and response
+objects, header multidicts, its stream reader) spends measurably more CPU on each than this
+one, in a process whose CPU a burst of chats waits on. The request here is one prebuilt header
+block and a JSON body; the response is parsed by httptools
 (llhttp, the parser under uvicorn), and its body is split into `data:` payloads in the
 protocol's own callback, so a token costs one wake-up of the task that reads it and no
 generator layers.

@@ -6,14 +6,13 @@ time-to-first-token.
 
 The request is one POST of ``/chat/completions`` with ``stream: true``, sent straight on the
 pool (``shared/engines/httpstream.py``, an HTTP/1.1 client on httptools), and the server-sent
-events are split as they arrive. Sessions 1-3 sent it through ``openai.AsyncOpenAI``: the SDK's
-per-request pipeline (options model, URL and header merging, httpx's request, auth and cookie
-layers) measured 14-17% of a chat worker's CPU at 50 streams, about 2 ms per chat on the
-benchmark host, all of it in front of the first token, for a request that is a fixed JSON body
-and two headers. Sessions 4-11 sent it through aiohttp, 420-720 µs of CPU per request and ~50
-µs per token (see httpstream's docstring). vLLM's own serving benchmark talks to its server the
-same way. The SDK stays the reference client of the test suite
-(``tests/integration/test_sim_server.py``).
+events are split as they arrive. Not ``openai.AsyncOpenAI``: the SDK's per-request pipeline
+(options model, URL and header merging, httpx's request, auth and cookie layers) was a large
+share of a chat worker's CPU, all of it in front of the first token, for a request that is a
+fixed JSON body and two headers; and not aiohttp, whose request and response layers cost more
+per request and per token than this client (see httpstream's docstring). vLLM's own serving
+benchmark talks to its server the same way. The SDK stays the reference client of the test
+suite (``tests/integration/test_sim_server.py``).
 
 Stopping early always closes the HTTP response, which closes its connection (a half-read
 response cannot go back to the pool); vLLM sees the disconnect and aborts the request, so
