@@ -109,9 +109,7 @@ def parse_url(url: str) -> RedisAddress:
         username=unquote(parts.username) if parts.username else None,
         password=unquote(parts.password) if parts.password else None,
         client_name=query.get("client_name") or None,
-        connect_timeout_s=(
-            DEFAULT_CONNECT_TIMEOUT_S if timeout is None else _seconds(timeout)
-        ),
+        connect_timeout_s=(DEFAULT_CONNECT_TIMEOUT_S if timeout is None else _seconds(timeout)),
     )
     if parts.scheme == "unix":
         if not parts.path:

@@ -154,5 +154,5 @@ class RedisConnection:
         try:
             async with asyncio.timeout(grace_s):
                 await self._out.wait_closed()
-        except Exception:  # a timeout, or the error the connection died of
+        except Exception:  # noqa: BLE001 - a timeout, or the error the connection died of
             self._out.transport.abort()

@@ -179,9 +179,7 @@ class RedisPipe:
         return True
 
     async def _connect(self) -> None:
-        conn = await RedisConnection.open(
-            self._address, client_name=self._client_name, decode=True
-        )
+        conn = await RedisConnection.open(self._address, client_name=self._client_name, decode=True)
         try:
             for source in self._scripts.values():
                 await conn.call(b"SCRIPT", b"LOAD", source)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import hiredis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
     AuthenticationError,
     BusyLoadingError,
@@ -24,6 +23,7 @@ from redis.exceptions import (
     RedisError,
     ResponseError,
 )
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 # An error reply's first word -> the class redis-py raises for it; any other is a
 # ResponseError with the whole message (e.g. "WRONGTYPE Operation against a key ...").

@@ -1,11 +1,11 @@
-"""The gateway's raw pub/sub connection (gateway/relay.py) on a real Redis: routing by channel,
-unsubscribe, confirmation, and a killed connection that comes back subscribed."""
+"""The pub/sub subscriber (shared/redis/pubsub.py) on a real Redis: routing by channel,
+unsubscribe, confirmation, a killed connection that comes back subscribed, and a refused one
+that is not retried in a tight loop."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.relay import RedisAddress, Relay, pack
+from shared.redis.pubsub import Subscriber
 from tests.integration.conftest import Services
 from tests.support import free_port, throwaway_redis_server
 
@@ -26,15 +26,15 @@ async def admin(services: Services) -> AsyncIterator[aioredis.Redis]:
 
 
 @pytest.fixture
-async def started(services: Services) -> AsyncIterator[tuple[str, Relay]]:
-    """A started relay and the channel-name prefix of this test (closed afterwards)."""
-    name = f"ftrelay{uuid.uuid4().hex[:8]}"
-    relay = Relay(services.redis_url, f"{name}:control")
-    await relay.start()
+async def started(services: Services) -> AsyncIterator[tuple[str, Subscriber]]:
+    """A started subscriber and the channel-name prefix of this test (closed afterwards)."""
+    name = f"ftsub{uuid.uuid4().hex[:8]}"
+    subscriber = Subscriber(services.redis_url)
+    await subscriber.start()
     try:
-        yield name, relay
+        yield name, subscriber
     finally:
-        await relay.close()
+        await subscriber.close()
 
 
 async def _until(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
@@ -54,27 +54,14 @@ async def _unsubscribed(admin: aioredis.Redis, *channels: str) -> None:
     raise AssertionError(f"still subscribed: {await admin.pubsub_numsub(*channels)}")
 
 
-def test_address_from_urls() -> None:
-    tcp = RedisAddress("redis://user:secret@10.0.0.5:6380/3")
-    assert (tcp.host, tcp.port, tcp.path, tcp.ssl) == ("10.0.0.5", 6380, None, None)
-    assert tcp.handshake("n")[0] == pack((b"AUTH", b"user", b"secret"))
-    unix = RedisAddress("unix:///tmp/redis.sock?db=0")
-    assert unix.path == "/tmp/redis.sock"
-    assert unix.handshake("n") == [pack((b"CLIENT", b"SETNAME", b"n"))]
-    tls = RedisAddress("rediss://h:6390/0").ssl
-    assert tls is not None and tls.check_hostname and tls.verify_mode == ssl.CERT_REQUIRED
-    loose = RedisAddress("rediss://h:6390/0?ssl_cert_reqs=none").ssl
-    assert loose is not None and not loose.check_hostname and loose.verify_mode == ssl.CERT_NONE
-
-
 async def test_messages_reach_their_channel_handler_only(
-    started: tuple[str, Relay], admin: aioredis.Redis
+    started: tuple[str, Subscriber], admin: aioredis.Redis
 ) -> None:
-    name, relay = started
+    name, subscriber = started
     got: dict[str, list[str]] = {"a": [], "b": []}
-    await relay.subscribe_confirmed(f"{name}:a", got["a"].append)
-    relay.subscribe(f"{name}:b", got["b"].append)
-    await _until(lambda: relay.channels == 3)
+    await subscriber.subscribe_confirmed(f"{name}:a", got["a"].append)
+    subscriber.subscribe(f"{name}:b", got["b"].append)
+    await _until(lambda: subscriber.channels == 2)
     await admin.publish(f"{name}:b", "warm")  # published after b's SUBSCRIBE was read
     await _until(lambda: got["b"] == ["warm"])
     for i in range(20):
@@ -84,8 +71,8 @@ async def test_messages_reach_their_channel_handler_only(
     assert got["a"] == [f"a{i}" for i in range(20)]
     assert got["b"][1:] == ["ü" * i for i in range(20)]
 
-    relay.unsubscribe(f"{name}:a")
-    assert relay.channels == 2
+    subscriber.unsubscribe(f"{name}:a")
+    assert subscriber.channels == 1
     await _unsubscribed(admin, f"{name}:a")
     await admin.publish(f"{name}:a", "late")
     await admin.publish(f"{name}:b", "last")
@@ -94,16 +81,16 @@ async def test_messages_reach_their_channel_handler_only(
 
 
 async def test_a_failing_handler_does_not_stop_the_others(
-    started: tuple[str, Relay], admin: aioredis.Redis
+    started: tuple[str, Subscriber], admin: aioredis.Redis
 ) -> None:
-    name, relay = started
+    name, subscriber = started
     got: list[str] = []
 
     def broken(_message: str) -> None:
         raise RuntimeError("handler bug")
 
-    await relay.subscribe_confirmed(f"{name}:broken", broken)
-    await relay.subscribe_confirmed(f"{name}:ok", got.append)
+    await subscriber.subscribe_confirmed(f"{name}:broken", broken)
+    await subscriber.subscribe_confirmed(f"{name}:ok", got.append)
     await admin.publish(f"{name}:broken", "x")
     await admin.publish(f"{name}:ok", "y")
     await _until(lambda: got == ["y"])
@@ -112,26 +99,23 @@ async def test_a_failing_handler_does_not_stop_the_others(
 async def test_killed_connection_comes_back_subscribed(
     services: Services, admin: aioredis.Redis
 ) -> None:
-    name = f"ftrelay{uuid.uuid4().hex[:8]}"
+    name = f"ftsub{uuid.uuid4().hex[:8]}"
     reconnected: list[int] = []
-    relay = Relay(
-        services.redis_url,
-        f"{name}:control",
-        on_reconnect=lambda: reconnected.append(1),
-        client_name=name,
+    subscriber = Subscriber(
+        services.redis_url, on_reconnect=lambda: reconnected.append(1), client_name=name
     )
-    await relay.start()
+    await subscriber.start()
     got: list[str] = []
     try:
-        await relay.subscribe_confirmed(f"{name}:job", got.append)
+        await subscriber.subscribe_confirmed(f"{name}:job", got.append)
         ids = [c["id"] for c in await admin.client_list() if c.get("name") == name]
         assert len(ids) == 1
         assert await admin.client_kill_filter(_id=ids[0]) == 1
         # A channel added while the connection is down is subscribed on reconnect too.
-        await _until(lambda: not relay.connected)
-        relay.subscribe(f"{name}:new", got.append)
+        await _until(lambda: not subscriber.connected)
+        subscriber.subscribe(f"{name}:new", got.append)
         await _until(lambda: reconnected == [1])
-        await _until(lambda: relay.connected)
+        await _until(lambda: subscriber.connected)
         # Both channels answer again, on the new connection.
         for _ in range(100):
             if (await admin.pubsub_numsub(f"{name}:job", f"{name}:new")) == [
@@ -143,10 +127,10 @@ async def test_killed_connection_comes_back_subscribed(
         await admin.publish(f"{name}:job", "after")
         await admin.publish(f"{name}:new", "new")
         await _until(lambda: got == ["after", "new"])
-        assert relay.reconnects == 1
+        assert subscriber.reconnects == 1
     finally:
-        await relay.close()
-    assert not relay.connected
+        await subscriber.close()
+    assert not subscriber.connected
 
 
 @pytest.fixture
@@ -165,24 +149,25 @@ async def test_password_is_sent_and_a_wrong_one_is_not_retried_in_a_tight_loop(
     password_redis: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     url = f"redis://:s3cret@127.0.0.1:{password_redis}/0"
-    relay = Relay(url, "ctl")
-    await relay.start()
+    subscriber = Subscriber(url)
+    await subscriber.start()
     got: list[str] = []
     admin = aioredis.Redis.from_url(url, decode_responses=True)
     try:
-        await relay.subscribe_confirmed("job", got.append)
+        await subscriber.subscribe_confirmed("job", got.append)
         await admin.publish("job", "hello")
         await _until(lambda: got == ["hello"])
     finally:
-        await relay.close()
+        await subscriber.close()
         await admin.aclose()
 
-    wrong = Relay(f"redis://:nope@127.0.0.1:{password_redis}/0", "ctl")
-    with caplog.at_level(logging.WARNING, logger="gateway.relay"):
+    wrong = Subscriber(f"redis://:nope@127.0.0.1:{password_redis}/0")
+    with caplog.at_level(logging.WARNING, logger="shared.redis.pubsub"):
+        await wrong.start()
         with pytest.raises(ConnectionError, match="WRONGPASS"):
-            await wrong.start()  # at once, saying why
+            await wrong.subscribe_confirmed("ctl", got.append)  # at once, saying why
         await wrong.close()
-        retrying = Relay(f"redis://:nope@127.0.0.1:{password_redis}/0", "ctl")
+        retrying = Subscriber(f"redis://:nope@127.0.0.1:{password_redis}/0")
         retrying.subscribe("job", got.append)  # what a running gateway does on a reconnect
         await retrying._connect()
         await asyncio.sleep(1.5)
@@ -193,20 +178,20 @@ async def test_password_is_sent_and_a_wrong_one_is_not_retried_in_a_tight_loop(
 
 
 async def test_finished_channels_leave_together_and_a_resubscribed_one_stays(
-    started: tuple[str, Relay], admin: aioredis.Redis
+    started: tuple[str, Subscriber], admin: aioredis.Redis
 ) -> None:
-    name, relay = started
+    name, subscriber = started
     got: list[str] = []
     for job in ("a", "b", "c"):
-        await relay.subscribe_confirmed(f"{name}:{job}", got.append)
-    relay.unsubscribe(f"{name}:a")
-    relay.unsubscribe(f"{name}:b")
-    relay.unsubscribe(f"{name}:c")
-    await relay.subscribe_confirmed(f"{name}:c", got.append)  # resumed before they left
+        await subscriber.subscribe_confirmed(f"{name}:{job}", got.append)
+    subscriber.unsubscribe(f"{name}:a")
+    subscriber.unsubscribe(f"{name}:b")
+    subscriber.unsubscribe(f"{name}:c")
+    await subscriber.subscribe_confirmed(f"{name}:c", got.append)  # resumed before they left
     # Routing stops at once, before Redis has heard of it.
     await admin.publish(f"{name}:a", "late")
-    assert relay.channels == 2  # the control channel and c
-    await _until(lambda: relay._leave_timer is None)
+    assert subscriber.channels == 1  # c
+    await _until(lambda: subscriber._leave_timer is None)
     await _unsubscribed(admin, f"{name}:a", f"{name}:b")
     assert (await admin.pubsub_numsub(f"{name}:c"))[0][1] == 1
     await admin.publish(f"{name}:c", "still here")

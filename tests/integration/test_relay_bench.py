@@ -63,7 +63,7 @@ async def _capture(client: aioredis.Redis, channel: str, send: Any, until_kind: 
 
 
 def test_producer_chunks_match_the_worker_publisher() -> None:
-    from shared.redispipe import RedisPipe
+    from shared.redis.pipe import RedisPipe
     from workers.publish import SEND_LUA, JobPublisher
 
     async def scenario() -> None:
