@@ -41,13 +41,13 @@ async def open_transport(
 
 
 class RedisConnection:
-    """One connection: :meth:`write` packed commands, read their replies in order.
+    """One connection: ``write`` packed commands, read their replies in order.
 
     A hot loop that reads many replies per socket read (the pipe's) may read :attr:`stream`
     and feed :attr:`parser` itself, sparing a coroutine per read; everything else awaits
     :meth:`reply` or :meth:`call`."""
 
-    __slots__ = ("_out", "address", "parser", "stream")
+    __slots__ = ("_out", "address", "parser", "stream", "write", "writelines")
 
     def __init__(
         self,
@@ -60,6 +60,11 @@ class RedisConnection:
         self.stream = stream
         self.parser = parser
         self._out = out
+        # write(bytes) and writelines(buffers) hand packed commands to the transport and
+        # return at once: the stream writer's own methods, bound here so that a write costs
+        # no call of this class's on the paths that write per token or per chat.
+        self.write: Callable[[bytes], None] = out.write
+        self.writelines: Callable[[Iterable[bytes]], None] = out.writelines
 
     @classmethod
     async def open(
@@ -112,14 +117,6 @@ class RedisConnection:
     @property
     def closing(self) -> bool:
         return self._out.is_closing()
-
-    def write(self, data: bytes) -> None:
-        """Hand packed commands to the transport; returns at once."""
-        self._out.write(data)
-
-    def writelines(self, data: Iterable[bytes]) -> None:
-        """:meth:`write` of several buffers, without joining them first."""
-        self._out.writelines(data)
 
     async def drain(self) -> None:
         """Wait while the transport's buffer is over its high-water mark."""
