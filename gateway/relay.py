@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from shared.redis.pubsub import Handler, Subscriber
-
-__all__ = ["Handler", "Relay"]
+from shared.redis.pubsub import Subscriber
 
 
 class Relay(Subscriber):
