@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable
 
 import hiredis
+from redis.exceptions import AuthenticationError
 
 from shared.redis.address import RedisAddress
 from shared.redis.connection import open_transport
@@ -237,8 +238,10 @@ class Subscriber:
             # AUTH refused, or a command Redis would not run: nothing works without it.
             text = error_text(reply)
             log.error("Redis refused a pub/sub command: %s", text)
+            hint = " (check the user and password in the Redis URL)"
             refused = ConnectionError(
                 f"Redis at {self._address} refused the pub/sub connection: {text}"
+                + (hint if isinstance(reply, AuthenticationError) else "")
             )
             for fut in self._confirm.values():
                 if not fut.done():
