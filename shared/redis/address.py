@@ -68,7 +68,7 @@ class RedisAddress:
     @classmethod
     def from_url(cls, url: str) -> RedisAddress:
         """Read a redis://, rediss:// or unix:// URL; a ValueError says what is wrong with it."""
-        return parse_url(url)
+        return _parse_url(url)
 
     def handshake(self, client_name: str | None = None) -> list[bytes]:
         """The commands a new connection sends first, in redis-py's order (AUTH, CLIENT SETNAME,
@@ -95,7 +95,7 @@ class RedisAddress:
         return f"{scheme}://{self.host}:{self.port}/{self.db}"
 
 
-def parse_url(url: str) -> RedisAddress:
+def _parse_url(url: str) -> RedisAddress:
     """:meth:`RedisAddress.from_url`."""
     parts = urlsplit(url)
     if parts.scheme not in SCHEMES:
