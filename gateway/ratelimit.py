@@ -5,8 +5,8 @@ streams for its key, and the key's revocation marker) is checked and charged by 
 so they hold exactly with any number of gateway processes and cost one round trip. The clock is
 Redis's own (``TIME``), so gateways with skewed clocks still share one window.
 
-The scripts run on the gateway's pipelined Redis connection (the pipe): a burst of chats is
-admitted with one write and no pooled connection per chat. The pipe sends a call again after a lost
+The scripts run on the gateway's Redis pipe (shared/redis/pipe.py): a burst of chats is admitted
+with one write and no pooled connection per chat. The pipe sends a call again after a lost
 connection, so each script may run twice: admission is idempotent per job (an admitted job's
 owner record is its receipt) and settlement sets an absolute amount.
 
@@ -26,7 +26,7 @@ from typing import Any
 from shared.errors import Overloaded, RateLimited, Unauthorized
 from shared.keys import Keys
 from shared.limits import WINDOW_MS, Limits
-from shared.redispipe import RedisPipe
+from shared.redis.pipe import RedisPipe
 
 log = logging.getLogger(__name__)
 

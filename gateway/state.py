@@ -23,8 +23,8 @@ from shared.errors import Unauthorized
 from shared.heap import FirstUse
 from shared.keys import CHAT_QUEUE, Keys
 from shared.limits import Limits
-from shared.redisclient import redis_client
-from shared.redispipe import RedisPipe
+from shared.redis.client import redis_client
+from shared.redis.pipe import RedisPipe
 from shared.settings import Settings
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class Gateway:
                 tenant_tpm=settings.tenant_tpm_default,
             ),
         )
-        # Admission and settlement scripts, pipelined on one connection (shared/redispipe.py).
+        # Admission and settlement scripts, pipelined on one connection (shared/redis/pipe.py).
         self.pipe = RedisPipe(settings.redis_url, client_name=f"firsttoken-gateway-{os.getpid()}")
         self.limiter = RateLimiter(self.pipe, self.keys, settings.stream_lease_s)
         self.guard = ConnectionGuard(

@@ -23,7 +23,7 @@ from shared.keys import (
     SUMMARIZE_TASK,
     Keys,
 )
-from shared.redisclient import celery_broker_url
+from shared.redis.address import celery_broker_url
 from shared.settings import get_settings
 
 settings = get_settings()

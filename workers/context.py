@@ -28,8 +28,8 @@ from shared.engines.base import Engine
 from shared.engines.factory import make_model_engine
 from shared.keys import BULK_QUEUE, Keys
 from shared.modeltable import ModelSpec, ModelTable, model_table
-from shared.redisclient import redis_client
-from shared.redispipe import PipeScript, RedisPipe
+from shared.redis.client import redis_client
+from shared.redis.pipe import PipeScript, RedisPipe
 from shared.settings import Settings, get_settings
 from workers.publish import SEND_LUA
 from workers.record import UsageBatcher
@@ -49,7 +49,7 @@ class WorkerContext:
     keys: Keys
     redis: aioredis.Redis
     name: str
-    # One pipelined Redis connection (shared/redispipe.py) for every job's chunks and the
+    # One pipelined Redis connection (shared/redis/pipe.py) for every job's chunks and the
     # chat path's small reads; started by start().
     pipe: RedisPipe
     chunks: PipeScript  # workers/publish.py's SEND_LUA on the pipe

@@ -6,10 +6,10 @@ import asyncio
 
 from shared.keys import Keys
 from shared.protocol import CHUNK_STARTED, CHUNK_TOKEN, dumps, encode_chunk, encode_token
-from shared.redispipe import PipeScript
+from shared.redis.pipe import PipeScript
 
 # PUBLISH + XADD (+ EXPIRE the first time) as one script: one command and one reply per chunk,
-# sent pipelined on the process's Redis pipe (shared/redispipe.py).
+# sent pipelined on the process's Redis pipe (shared/redis/pipe.py).
 # KEYS: channel, replay stream[, the job's cancel flag].  ARGV: message, maxlen, ttl seconds
 # (0: leave the expiry). Given the cancel flag (the `started` chunk), returns whether it is set.
 SEND_LUA = """
@@ -25,7 +25,7 @@ class JobPublisher:
     """Sends one job's messages; every message goes to the channel and the replay stream in one
     script call, so a gap or a reconnect can be repaired from the stream.
 
-    Sending only queues the call on the process's Redis pipe (shared/redispipe.py), so the
+    Sending only queues the call on the process's Redis pipe (shared/redis/pipe.py), so the
     send methods are plain functions: nothing between two chunks yields to the loop, and a job's
     chunks keep the order they were sent in."""
 

@@ -12,9 +12,9 @@ stream, `--tokens-per-frame` tokens per chunk (a fraction spreads them: 1.5 send
 hash at :func:`config_key`, read every 0.25 s.
 
 Cheap by construction: one scheduler per process sends every chunk that is due across all of
-its jobs in one socket write per tick, as hand-packed RESP on a connection with
-`CLIENT REPLY OFF` (no replies to read); token chunks are built from a per-job template,
-checked once per job against `shared.protocol`'s own encoders.
+its jobs in one socket write per tick, as hand-packed RESP on a connection
+(shared/redis/connection.py) with `CLIENT REPLY OFF` (no replies to read); token chunks are
+built from a per-job template, checked once per job against `shared.protocol`'s own encoders.
 """
 
 from __future__ import annotations
@@ -31,9 +31,6 @@ import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlparse
-
-import redis.asyncio as aioredis
 
 from shared.keys import CHAT_QUEUE, Keys
 from shared.protocol import (
@@ -44,7 +41,9 @@ from shared.protocol import (
     encode_chunk,
     encode_token,
 )
-from shared.resp import bulks, pack
+from shared.redis.client import redis_client
+from shared.redis.connection import RedisConnection
+from shared.redis.resp import bulks, pack
 from shared.settings import get_settings
 
 TOKEN_TEXT = " tok"  # every token's text; a frame of k tokens carries it k times
@@ -78,7 +77,7 @@ class Shape:
 
 
 def resp(*args: str | bytes | int) -> bytes:
-    """One Redis command in RESP (shared/resp.py's `pack` of mixed arguments)."""
+    """One Redis command in RESP (shared/redis/resp.py's `pack` of mixed arguments)."""
     return pack([a if isinstance(a, bytes) else str(a).encode() for a in args])
 
 
@@ -186,29 +185,12 @@ def parse_task(raw: str | bytes) -> dict[str, Any]:
     return job
 
 
-async def _open_raw(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A plain connection to Redis that sends commands and never reads a reply."""
-    u = urlparse(url)
-    reader, writer = await asyncio.open_connection(u.hostname or "127.0.0.1", u.port or 6379)
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    setup = []
-    if u.password:
-        user = unquote(u.username) if u.username else None
-        setup.append(resp("AUTH", *([user] if user else []), unquote(u.password)))
-    db = (u.path or "/0").lstrip("/") or "0"
-    setup.append(resp("SELECT", db))
-    setup.append(resp("PING"))
-    writer.write(b"".join(setup))
-    await writer.drain()
-    for _ in setup:
-        line = await reader.readline()
-        if line.startswith(b"-"):
-            raise RuntimeError(f"redis refused the producer's set-up: {line!r}")
-    writer.write(resp("CLIENT", "REPLY", "OFF"))
-    await writer.drain()
-    return reader, writer
+async def _open_raw(url: str) -> RedisConnection:
+    """A connection to Redis that sends commands and never reads a reply."""
+    conn = await RedisConnection.open(url, client_name="firsttoken-bench-producer")
+    conn.write(resp("CLIENT", "REPLY", "OFF"))
+    await conn.drain()
+    return conn
 
 
 @dataclass
@@ -224,24 +206,24 @@ class Producer:
     def __post_init__(self) -> None:
         self.settings = get_settings()
         self.keys = Keys(self.settings.redis_prefix)
-        self.redis = aioredis.Redis.from_url(self.settings.redis_url, decode_responses=True)
+        self.redis = redis_client(self.settings.redis_url)
         self._wake = asyncio.Event()
 
     async def run(self) -> None:
-        _reader, writer = await _open_raw(self.settings.redis_url)
+        conn = await _open_raw(self.settings.redis_url)
         tasks = [
             asyncio.create_task(self._heartbeat()),
             asyncio.create_task(self._take_jobs()),
             asyncio.create_task(self._follow_config()),
         ]
         try:
-            await self._send_loop(writer)
+            await self._send_loop(conn)
         finally:
             for t in tasks:
                 t.cancel()
             with contextlib.suppress(Exception):
                 await self.redis.zrem(self.keys.worker_heartbeats(CHAT_QUEUE), self.name)
-            writer.close()
+            await conn.aclose()
             await self.redis.aclose()
 
     async def _heartbeat(self) -> None:
@@ -278,7 +260,7 @@ class Producer:
             self.jobs.append(pj)
             self._wake.set()
 
-    async def _send_loop(self, writer: asyncio.StreamWriter) -> None:
+    async def _send_loop(self, conn: RedisConnection) -> None:
         while True:
             if not self.jobs and not self.out:
                 self._wake.clear()
@@ -304,9 +286,9 @@ class Producer:
                     keep.append(pj)
             self.jobs = keep
             if out:
-                writer.write(b"".join(out))
+                conn.write(b"".join(out))
                 out.clear()
-                await writer.drain()
+                await conn.drain()
             await asyncio.sleep(self.tick_s)
 
 

@@ -10,18 +10,7 @@ import pytest
 import redis
 from kombu import Connection
 
-from shared.redisclient import celery_broker_url
-
-
-def test_urls_translate_for_kombu() -> None:
-    assert celery_broker_url("unix:///run/redis.sock?db=3") == (
-        "redis+socket:///run/redis.sock?virtual_host=3"
-    )
-    assert celery_broker_url("unix://:secret@/run/redis.sock") == (
-        "redis+socket://:secret@/run/redis.sock"
-    )
-    for url in ("redis://127.0.0.1:6379/0", "rediss://cache.example:6380/1"):
-        assert celery_broker_url(url) == url
+from shared.redis.address import celery_broker_url
 
 
 @pytest.fixture

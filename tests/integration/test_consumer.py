@@ -19,13 +19,15 @@ from tests.integration.conftest import Services
 from tests.support import free_port, throwaway_redis_server
 from workers.consumer import QueueConsumer, priority_lists
 
+Prefixed = tuple[aioredis.Redis, Keys, str]  # a client, this test's keys, the Redis URL
+
 
 @pytest.fixture
-async def prefixed(services: Services) -> AsyncIterator[tuple[aioredis.Redis, Keys]]:
+async def prefixed(services: Services) -> AsyncIterator[Prefixed]:
     keys = Keys(f"ftcons{uuid.uuid4().hex[:8]}")
     r = aioredis.Redis.from_url(services.redis_url)
     try:
-        yield r, keys
+        yield r, keys, services.redis_url
     finally:
         found = [k async for k in r.scan_iter(match=f"{keys.prefix}*")]
         if found:
@@ -57,14 +59,14 @@ async def _start(consumer: QueueConsumer) -> asyncio.Task[None]:
 
 
 async def test_runs_messages_from_celerys_own_producer_at_every_priority(
-    services: Services, prefixed: tuple[aioredis.Redis, Keys], batch: int
+    services: Services, prefixed: Prefixed, batch: int
 ) -> None:
-    r, keys = prefixed
+    _r, keys, url = prefixed
     producer = Celery("producer", broker=services.redis_url)
     producer.conf.broker_transport_options = {"global_keyprefix": keys.celery_keyprefix}
     recorder = Recorder()
     consumer = QueueConsumer(
-        r, priority_lists(keys.queue_list("chat")), {"t.chat": recorder}, 4, 0.2, batch
+        url, priority_lists(keys.queue_list("chat")), {"t.chat": recorder}, 4, 0.2, batch
     )
     reader = await _start(consumer)
     try:
@@ -86,13 +88,13 @@ async def test_runs_messages_from_celerys_own_producer_at_every_priority(
 
 
 async def test_takes_no_more_than_its_slots_and_stops_without_losing_a_message(
-    prefixed: tuple[aioredis.Redis, Keys], batch: int
+    prefixed: Prefixed, batch: int
 ) -> None:
-    r, keys = prefixed
+    r, keys, url = prefixed
     queue = keys.queue_list("chat")
     hold = asyncio.Event()
     recorder = Recorder(hold)
-    consumer = QueueConsumer(r, priority_lists(queue), {"t.chat": recorder}, 2, 0.2, batch)
+    consumer = QueueConsumer(url, priority_lists(queue), {"t.chat": recorder}, 2, 0.2, batch)
     for i in range(5):
         await r.lpush(queue, task_message("t.chat", {"i": i}, queue="chat", task_id=f"m{i}"))
     reader = await _start(consumer)
@@ -114,12 +116,12 @@ async def test_takes_no_more_than_its_slots_and_stops_without_losing_a_message(
 
 
 async def test_a_message_it_cannot_run_is_dropped_with_a_log_and_the_next_one_runs(
-    prefixed: tuple[aioredis.Redis, Keys], caplog: pytest.LogCaptureFixture
+    prefixed: Prefixed, caplog: pytest.LogCaptureFixture
 ) -> None:
-    r, keys = prefixed
+    r, keys, url = prefixed
     queue = keys.queue_list("chat")
     recorder = Recorder()
-    consumer = QueueConsumer(r, priority_lists(queue), {"t.chat": recorder}, 4, poll_s=0.2)
+    consumer = QueueConsumer(url, priority_lists(queue), {"t.chat": recorder}, 4, poll_s=0.2)
     await r.lpush(queue, b"{broken")
     await r.lpush(queue, task_message("t.other", {}, queue="chat", task_id="other"))
     await r.lpush(queue, task_message("t.chat", {}, queue="chat", task_id="good"))
@@ -138,13 +140,11 @@ async def test_a_message_it_cannot_run_is_dropped_with_a_log_and_the_next_one_ru
     assert await r.llen(queue) == 0
 
 
-async def test_a_burst_starts_in_queue_order(
-    prefixed: tuple[aioredis.Redis, Keys], batch: int
-) -> None:
-    r, keys = prefixed
+async def test_a_burst_starts_in_queue_order(prefixed: Prefixed, batch: int) -> None:
+    r, keys, url = prefixed
     queue = keys.queue_list("chat")
     recorder = Recorder()
-    consumer = QueueConsumer(r, priority_lists(queue), {"t.chat": recorder}, 16, 0.2, batch)
+    consumer = QueueConsumer(url, priority_lists(queue), {"t.chat": recorder}, 16, 0.2, batch)
     for i in range(11):
         await r.lpush(queue, task_message("t.chat", {}, queue="chat", task_id=f"b{i}"))
     reader = await _start(consumer)
@@ -158,16 +158,16 @@ async def test_a_burst_starts_in_queue_order(
 
 
 async def test_it_reports_whether_each_read_came_back_full(
-    prefixed: tuple[aioredis.Redis, Keys],
+    prefixed: Prefixed,
 ) -> None:
     """After each read's chats took their first step: full (a backlog: deferred work waits)
     while a read takes all it asked for, not full once one comes back short or empty."""
-    r, keys = prefixed
+    r, keys, url = prefixed
     queue = keys.queue_list("chat")
     reports: list[tuple[bool, int]] = []
     recorder = Recorder()
     consumer = QueueConsumer(
-        r,
+        url,
         priority_lists(queue),
         {"t.chat": recorder},
         16,
@@ -191,16 +191,16 @@ async def test_it_reports_whether_each_read_came_back_full(
 
 
 async def test_one_read_takes_up_to_its_count_in_priority_order(
-    prefixed: tuple[aioredis.Redis, Keys],
+    prefixed: Prefixed,
 ) -> None:
     """The BRPOP and the script behind it: the first message of the highest priority, then
     more in the order BRPOP would have taken them, never more than asked for."""
-    r, keys = prefixed
+    r, keys, url = prefixed
     lists = priority_lists(keys.queue_list("chat"))
     for name, ids in ((lists[0], ["a0", "a1"]), (lists[3], ["b0", "b1", "b2"])):
         for task_id in ids:
             await r.lpush(name, task_message("t.chat", {}, queue="chat", task_id=task_id))
-    consumer = QueueConsumer(r, lists, {}, 8, poll_s=0.2, batch=4)
+    consumer = QueueConsumer(url, lists, {}, 8, poll_s=0.2, batch=4)
     try:
         got = [parse_task_message(raw).task_id for raw in await consumer._pop(4)]
         assert got == ["a0", "a1", "b0", "b1"]
@@ -211,13 +211,13 @@ async def test_one_read_takes_up_to_its_count_in_priority_order(
 
 
 async def test_what_the_brpop_took_is_kept_when_the_script_behind_it_fails(
-    prefixed: tuple[aioredis.Redis, Keys], caplog: pytest.LogCaptureFixture
+    prefixed: Prefixed, caplog: pytest.LogCaptureFixture
 ) -> None:
-    r, keys = prefixed
+    r, keys, url = prefixed
     lists = priority_lists(keys.queue_list("chat"))
     await r.set(lists[3], "not a list")  # the script's RPOP on it fails with WRONGTYPE
     await r.lpush(lists[0], task_message("t.chat", {}, queue="chat", task_id="kept"))
-    consumer = QueueConsumer(r, lists, {}, 8, poll_s=0.2, batch=4)
+    consumer = QueueConsumer(url, lists, {}, 8, poll_s=0.2, batch=4)
     try:
         with caplog.at_level(logging.WARNING, logger="workers.consumer"):
             got = await consumer._pop(4)
@@ -236,9 +236,10 @@ async def test_a_flushed_script_cache_loses_nothing(tmp_path: Path) -> None:
     on a new connection that loaded the script again, takes them."""
     port = free_port()
     server = throwaway_redis_server(port, tmp_path)
-    r = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
+    url = f"redis://127.0.0.1:{port}/0"
+    r = aioredis.Redis.from_url(url)
     lists = priority_lists("ftcons:flush")
-    consumer = QueueConsumer(r, lists, {}, 8, poll_s=0.2, batch=4)
+    consumer = QueueConsumer(url, lists, {}, 8, poll_s=0.2, batch=4)
 
     async def push(*ids: str) -> None:
         for task_id in ids:
@@ -261,8 +262,8 @@ async def test_a_flushed_script_cache_loses_nothing(tmp_path: Path) -> None:
         server.wait(10)
 
 
-async def test_a_failing_task_frees_its_slot(prefixed: tuple[aioredis.Redis, Keys]) -> None:
-    r, keys = prefixed
+async def test_a_failing_task_frees_its_slot(prefixed: Prefixed) -> None:
+    r, keys, url = prefixed
     queue = keys.queue_list("chat")
     ran: list[str] = []
 
@@ -270,7 +271,7 @@ async def test_a_failing_task_frees_its_slot(prefixed: tuple[aioredis.Redis, Key
         ran.append(call.task_id)
         raise RuntimeError("boom")
 
-    consumer = QueueConsumer(r, priority_lists(queue), {"t.chat": failing}, 1, poll_s=0.2)
+    consumer = QueueConsumer(url, priority_lists(queue), {"t.chat": failing}, 1, poll_s=0.2)
     for i in range(3):
         await r.lpush(queue, task_message("t.chat", {}, queue="chat", task_id=f"f{i}"))
     reader = await _start(consumer)
@@ -293,13 +294,17 @@ async def test_reads_again_after_redis_restarts_and_stops_while_redis_is_gone(
     port = free_port()
     server = throwaway_redis_server(port, tmp_path)
     url = f"redis://127.0.0.1:{port}/0"
-    reader_client = aioredis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=2)
     pusher = aioredis.Redis.from_url(url)
     queue = "ftcons:restart"
     recorder = Recorder()
     try:
         consumer = QueueConsumer(
-            reader_client, priority_lists(queue), {"t.chat": recorder}, 4, 0.5, batch
+            f"{url}?socket_connect_timeout=2",
+            priority_lists(queue),
+            {"t.chat": recorder},
+            4,
+            0.5,
+            batch,
         )
         reader = await _start(consumer)
         await asyncio.sleep(0.1)  # the first read is waiting in Redis
@@ -316,6 +321,5 @@ async def test_reads_again_after_redis_restarts_and_stops_while_redis_is_gone(
         assert [c.task_id for c in recorder.calls] == ["after"]
     finally:
         await pusher.aclose()
-        await reader_client.aclose()
         server.terminate()
         server.wait(10)

@@ -18,7 +18,7 @@ from gateway.ratelimit import Enqueue, RateLimiter
 from shared.errors import Overloaded, RateLimited, Unauthorized
 from shared.keys import Keys
 from shared.limits import Limits
-from shared.redispipe import RedisPipe
+from shared.redis.pipe import RedisPipe
 from shared.settings import Settings, load_settings
 from tests.integration.conftest import Services, Stack, make_stack
 from tests.support import free_port, port_open, throwaway_redis_server, wait_until

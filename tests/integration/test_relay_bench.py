@@ -63,7 +63,7 @@ async def _capture(client: aioredis.Redis, channel: str, send: Any, until_kind: 
 
 
 def test_producer_chunks_match_the_worker_publisher() -> None:
-    from shared.redispipe import RedisPipe
+    from shared.redis.pipe import RedisPipe
     from workers.publish import SEND_LUA, JobPublisher
 
     async def scenario() -> None:
@@ -97,20 +97,20 @@ def test_producer_chunks_match_the_worker_publisher() -> None:
             )
 
             pj = ProducerJob(bench_job, keys, Shape(0, 1), 2000, time.monotonic())
-            _reader, writer = await _open_raw(REDIS_URL)
+            conn = await _open_raw(REDIS_URL)
 
             async def producer_sends() -> None:
                 out = [pj.started(time.time(), 600)]
                 out += [pj.command(pj.token_chunk(seq)) for seq in range(len(pj.sizes))]
                 pj.sent = len(pj.sizes)
                 out.append(pj.done(time.time(), "m", 3))
-                writer.write(b"".join(out))
-                await writer.drain()
+                conn.write(b"".join(out))
+                await conn.drain()
 
             bench = await _capture(
                 client, keys.job_channel(bench_job["job_id"]), producer_sends, CHUNK_DONE
             )
-            writer.close()
+            await conn.aclose()
 
             # Same sequence of chunk kinds; token chunks byte for byte the worker's.
             assert [decode_chunk(m)[0] for m in bench] == [decode_chunk(m)[0] for m in worker]

@@ -12,8 +12,8 @@ Lingering: with ``linger_s`` the writer waits that long after the first queued c
 it writes, so the commands of many chats go out in one write and Redis wakes once for them
 (like Kafka's ``linger.ms``). It applies only to calls nobody waits on (token chunks after a
 chat's first, `done`); a call with a reply future, or an ``urgent`` one, writes the buffer
-at once as without it. In a chat worker at 25 streams, 2 ms measured about a quarter less
-Redis CPU per token (scripts/bench_worker_cpu.py; the worker's own CPU moved within its noise).
+at once as without it. A few milliseconds cost Redis noticeably less CPU per token in a busy
+chat worker (docs/benchmarks.md).
 
 Ordering: Redis runs one connection's commands in the order they arrive, so everything sent
 through one pipe runs in the order it was sent, without waiting for each reply (a job's tokens,
@@ -41,18 +41,15 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import hiredis
-from redis._parsers.base import BaseParser
-from redis.asyncio.connection import AbstractConnection, ConnectionPool
-from redis.exceptions import InvalidResponse, NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from shared.resp import bulks, pack
+from shared.redis.address import RedisAddress
+from shared.redis.connection import READ_SIZE, RedisConnection
+from shared.redis.resp import bulks, pack
 
 log = logging.getLogger(__name__)
 
 Reply = asyncio.Future[object]
-
-READ_SIZE = 65536  # bytes per read of replies
 
 
 @dataclass(slots=True)
@@ -73,19 +70,17 @@ class RedisPipe:
         client_name: str = "firsttoken-pipe",
         linger_s: float = 0.0,
     ) -> None:
-        # Only to parse the URL. No socket timeout: the reader waits on an idle connection
-        # for as long as nothing is sent (redis-py's default of 5 s would end it).
-        # Named, so `CLIENT LIST` shows which connection is the pipe.
-        self._pool = ConnectionPool.from_url(
-            redis_url, socket_timeout=None, client_name=client_name, decode_responses=True
-        )
+        # No read timeout: the reader waits on an idle connection for as long as nothing is
+        # sent. Named, so `CLIENT LIST` shows which connection is the pipe.
+        self._address = RedisAddress.from_url(redis_url)
+        self._client_name = client_name
         self._scripts: dict[bytes, bytes] = {}  # sha -> source, loaded on every connect
         self._max_pending = max_pending
         self._down_fail_s = down_fail_s
         self._linger_s = linger_s
         self._lingering = False  # the writer is holding the buffer for linger_s
         self._prompt = False  # a call someone awaits is queued: no lingering for it
-        self._conn: AbstractConnection | None = None
+        self._conn: RedisConnection | None = None
         self._buffer: list[bytes] = []
         self._in_flight: deque[_Call] = deque()  # written (or about to be), not yet answered
         self._wake = asyncio.Event()
@@ -169,27 +164,28 @@ class RedisPipe:
             with contextlib.suppress(BaseException):
                 await self._task
         if self._conn is not None:
-            with contextlib.suppress(Exception):
-                await self._conn.disconnect()
+            await self._conn.aclose()
 
     # --- internals ------------------------------------------------------------------------
     def _write_now(self) -> bool:
-        """Hand the buffer to the socket's transport at once; False where redis-py's connection
-        has no stream writer (then the writer task sends it). Order holds: the writer task's
-        own write is synchronous, so whatever it wrote is already ahead of this."""
-        writer = getattr(self._conn, "_writer", None)
-        if writer is None or writer.is_closing():
+        """Hand the buffer to the socket's transport at once; False where the connection is
+        closing (then the writer task sends it, after the reconnect). Order holds: the writer
+        task's own write is synchronous, so whatever it wrote is already ahead of this."""
+        conn = self._conn
+        if conn is None or conn.closing:
             return False
         data, self._buffer = self._buffer, []
-        writer.writelines(data)
+        conn.writelines(data)
         return True
 
     async def _connect(self) -> None:
-        conn: AbstractConnection = self._pool.make_connection()  # type: ignore[no-untyped-call]
-        await conn.connect()  # type: ignore[no-untyped-call]
-        for source in self._scripts.values():
-            await conn.send_command("SCRIPT", "LOAD", source)
-            await conn.read_response()
+        conn = await RedisConnection.open(self._address, client_name=self._client_name, decode=True)
+        try:
+            for source in self._scripts.values():
+                await conn.call(b"SCRIPT", b"LOAD", source)
+        except BaseException:
+            await conn.aclose()
+            raise
         self._conn = conn
         # Everything not answered on the old connection goes again, in order, unless its
         # caller has stopped waiting.
@@ -220,8 +216,7 @@ class RedisPipe:
             log.warning("Redis pipe lost its connection (%r); reconnecting", cause)
             self._up.clear()
             self._down_since = time.monotonic()
-            with contextlib.suppress(Exception):
-                await conn.disconnect()
+            await conn.aclose()
             await self._reconnect()
 
     async def _reconnect(self) -> None:
@@ -235,7 +230,7 @@ class RedisPipe:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    async def _write(self, conn: AbstractConnection) -> None:
+    async def _write(self, conn: RedisConnection) -> None:
         while True:
             await self._wake.wait()
             if self._linger_s and not self._prompt:
@@ -248,17 +243,16 @@ class RedisPipe:
             self._prompt = False
             data, self._buffer = self._buffer, []
             if data:
-                await conn.send_packed_command(data, check_health=False)
+                conn.writelines(data)
+                await conn.drain()
 
-    async def _read(self, conn: AbstractConnection) -> None:
-        # The replies straight off the connection's stream, parsed by one hiredis reader:
-        # redis-py's read_response costs ~7 µs a reply even when the reply is already
-        # buffered (its async machinery runs per call), this ~0.3, and a chat worker reads
-        # one reply per token chunk. Errors become redis-py's exception classes as there.
-        stream = conn._reader
-        if stream is None:
-            raise ConnectionError("the pipe's connection is closed")
-        parser = reply_parser(conn)
+    async def _read(self, conn: RedisConnection) -> None:
+        # The replies straight off the connection's stream, every reply already read parsed
+        # in one pass by the connection's hiredis reader: a chat worker reads one reply per
+        # token chunk, so no per-reply await or reply machinery (redis-py's read_response
+        # runs its async machinery per call even for a reply already buffered). Errors are
+        # redis-py's exception classes (shared/redis/resp.py).
+        stream, parser = conn.stream, conn.parser
         in_flight = self._in_flight
         while True:
             data = await stream.read(READ_SIZE)
@@ -281,19 +275,6 @@ class RedisPipe:
                     call.reply.set_result(answer)
             if not in_flight:
                 self._drained.set()
-
-
-def reply_parser(conn: AbstractConnection) -> hiredis.Reader:
-    """A hiredis reader for replies read straight off ``conn``'s stream: redis-py's exception
-    classes for errors (an error reply is returned, not raised), strings decoded as the
-    connection's client would."""
-    encoder = conn.encoder
-    return hiredis.Reader(
-        protocolError=InvalidResponse,
-        replyError=BaseParser.parse_error,
-        encoding=encoder.encoding if encoder.decode_responses else None,
-        errors=encoder.encoding_errors,
-    )
 
 
 class PipeScript:

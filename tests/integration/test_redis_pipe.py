@@ -1,4 +1,4 @@
-"""The pipelined Redis connection (shared/redispipe.py) on a real Redis: order, idle
+"""The pipelined Redis connection (shared/redis/pipe.py) on a real Redis: order, idle
 connections, a killed connection and a flushed script cache lose no chunk; a caller that gave
 up is not sent again."""
 
@@ -15,8 +15,8 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from shared.redispipe import PipeScript, RedisPipe
-from shared.resp import pack
+from shared.redis.pipe import PipeScript, RedisPipe
+from shared.redis.resp import pack
 from tests.integration.conftest import Services
 from tests.support import free_port, throwaway_redis_server
 from workers.publish import SEND_LUA
@@ -55,11 +55,6 @@ async def _received(pubsub: aioredis.client.PubSub, count: int, timeout: float =
 def _send(chunks: PipeScript, ch: str, stream: str, messages: list[str]) -> None:
     for i, message in enumerate(messages):
         chunks.send((ch, stream), (message, "100", "60" if i == 0 else "0"))
-
-
-def test_pack_is_resp() -> None:
-    assert pack((b"PING",)) == b"*1\r\n$4\r\nPING\r\n"
-    assert pack((b"ECHO", b"a\r\nb")) == b"*2\r\n$4\r\nECHO\r\n$4\r\na\r\nb\r\n"
 
 
 def test_a_keyed_script_packs_the_same_command() -> None:

@@ -1,10 +1,14 @@
-"""The asyncio Redis client every firsttoken process uses for its ordinary commands.
+"""The asyncio Redis client every firsttoken process uses for its ordinary commands (redis-py).
 
 redis-py bounds each socket write with ``asyncio.wait_for(write, socket_timeout)``. On Python
 3.11 ``wait_for`` runs the write as a new task, so every command (a rate-limit script, a cache
 read) costs a task and two extra passes through the event loop before its bytes leave, and
 under load each pass waits behind every ready callback. The connection classes here bound the
 write with ``asyncio.timeout`` instead: same limit, same error, no task. Reads are unchanged.
+
+That override leans on how redis-py's ``AbstractConnection.send_packed_command`` is written, so
+pyproject.toml pins redis-py to the versions it was checked against, and
+tests/unit/shared/redis/test_client_pin.py fails, saying what to re-check, when either moves.
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
@@ -67,18 +70,3 @@ def redis_client(url: str, *, max_connections: int = 256, **options: Any) -> aio
     )
     pool.connection_class = _CLASSES.get(pool.connection_class, pool.connection_class)
     return aioredis.Redis.from_pool(pool)  # closing the client closes the pool
-
-
-def celery_broker_url(redis_url: str) -> str:
-    """The Celery (kombu) broker URL of ``redis_url``.
-
-    redis-py and the gateway read a Unix socket as ``unix:///path?db=N``; kombu has no
-    ``unix`` transport and spells the same socket ``redis+socket:///path?virtual_host=N``.
-    Other URLs (``redis://``, ``rediss://``) are the same for both and pass unchanged."""
-    parts = urlsplit(redis_url)
-    if parts.scheme != "unix":
-        return redis_url
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    renamed = [("virtual_host" if name == "db" else name, value) for name, value in query]
-    url = f"redis+socket://{parts.netloc}{parts.path}"
-    return f"{url}?{urlencode(renamed)}" if renamed else url

@@ -1,20 +1,11 @@
-"""shared/redisclient.py: the same commands and errors as redis-py, without a task per write."""
+"""shared/redis/client.py: the same commands and errors as redis-py, without a task per write."""
 
 from __future__ import annotations
 
 import uuid
 
-from shared.redisclient import TcpConnection, TlsConnection, UnixConnection, redis_client
+from shared.redis.client import TcpConnection, redis_client
 from tests.integration.conftest import Services
-
-
-def test_each_url_scheme_gets_its_connection_class() -> None:
-    for url, cls in (
-        ("redis://127.0.0.1:6379/0", TcpConnection),
-        ("unix:///tmp/redis.sock?db=0", UnixConnection),
-        ("rediss://127.0.0.1:6380/0", TlsConnection),
-    ):
-        assert redis_client(url).connection_pool.connection_class is cls
 
 
 async def test_commands_scripts_and_pipelines_work(services: Services) -> None:

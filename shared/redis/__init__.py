@@ -1,0 +1,11 @@
+"""The one Redis seam: every firsttoken process reaches Redis through these modules.
+
+- ``address``: where and how to connect, read from the redis:// / rediss:// / unix:// URL
+  (TLS, AUTH, SELECT, client name, connect timeout), and Celery's broker URL for it.
+- ``resp``: commands packed to RESP bytes; the hiredis reply parser with redis-py's error classes.
+- ``connection``: one asyncio connection that writes packed commands and reads replies (the
+  pipe, the chat queue's reads and the bench producer stand on it).
+- ``pipe``: the pipelined writer for the commands on a chat's path (token chunks, admission).
+- ``pubsub``: the subscriber connection that routes each channel's messages to its handler.
+- ``client``: redis-py's client, for ordinary commands.
+"""
