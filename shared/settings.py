@@ -12,9 +12,18 @@ from typing import Literal
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.env import ENV_PREFIX
 from shared.errors import ConfigError
+from shared.modeltable import EngineKind, load_models
 
-ENV_PREFIX = "FIRSTTOKEN_"
+__all__ = [
+    "ENV_PREFIX",
+    "Settings",
+    "describe_validation_error",
+    "get_settings",
+    "load_settings",
+    "settings_table",
+]
 
 
 class Settings(BaseSettings):
@@ -41,7 +50,7 @@ class Settings(BaseSettings):
     )
 
     # --- engine ---------------------------------------------------------------------------
-    engine: Literal["sim", "openai", "vllm"] = Field(
+    engine: EngineKind = Field(
         "sim",
         description="sim (built-in simulator), openai (any OpenAI-compatible server), "
         "vllm (in-process vLLM AsyncLLM).",
@@ -413,9 +422,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check_models(self) -> Settings:
         # The model table is parsed here too, so a bad FIRSTTOKEN_MODELS stops every process
-        # at start-up rather than failing chats. Imported late: shared.modeltable imports this.
-        from shared.modeltable import load_models
-
+        # at start-up rather than failing chats.
         try:
             load_models(self)
         except ConfigError as exc:
