@@ -360,9 +360,9 @@ class ChatRun:
                 assert first_ready is not None
                 first_ready.set()
                 await go.wait()
-            return await self._relay(first, deltas)
+            return await self._stream_answer(first, deltas)
 
-    async def _relay(
+    async def _stream_answer(
         self, delta: Delta | None, deltas: AsyncGenerator[Delta, None]
     ) -> tuple[str, int | None]:
         """Stream the engine's deltas to the client; returns (finish_reason, engine's count)."""
