@@ -122,8 +122,8 @@ class Prepared:
     window: Window | None
     conversation_ok: bool  # the turn may be stored in job.conversation_id
     retrieval: dict[str, Any]
-    # BACKGROUND_SOURCES: to start (deferred), then running (background); settle_background()
-    # adds their results to `retrieval`.
+    # BACKGROUND_SOURCES: to start (deferred), then running (background); after.py's
+    # settle_background() adds their results to `retrieval`.
     deferred: list[tuple[Source, Query]] = field(default_factory=list)
     background: dict[str, asyncio.Future[SourceResult]] = field(default_factory=dict)
 
