@@ -11,7 +11,9 @@ deployment that predates the table keeps working unchanged. Example::
      {"name": "large", "engine": "openai", "url": "http://gpu2:8100/v1",
       "served_model": "Qwen/Qwen3-32B", "role": "large"}]
 
-Parsing and lookups are pure; only :func:`load_models` reads a file.
+Parsing and lookups are pure; only :func:`load_models` reads a file. The settings validate the
+table at start-up, so this module reads them only through :class:`TableSettings` and never
+imports ``shared.settings``.
 """
 
 from __future__ import annotations
@@ -20,15 +22,36 @@ import json
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from shared.env import ENV_PREFIX
 from shared.errors import ConfigError, InvalidRequest
-from shared.settings import ENV_PREFIX, Settings
 
 EngineKind = Literal["sim", "openai", "vllm"]
 Role = Literal["small", "large"]
+
+
+class TableSettings(Protocol):
+    """The settings the table is built from (``shared.settings.Settings`` has them all)."""
+
+    @property
+    def models(self) -> str | None: ...
+    @property
+    def models_file(self) -> str | None: ...
+    @property
+    def default_model(self) -> str | None: ...
+    @property
+    def engine(self) -> EngineKind: ...
+    @property
+    def engine_url(self) -> str | None: ...
+    @property
+    def engine_model(self) -> str: ...
+    @property
+    def engine_api_key(self) -> str: ...
+    @property
+    def vllm_model_path(self) -> str | None: ...
 
 
 class ModelSpec(BaseModel):
@@ -166,7 +189,7 @@ def _problem(loc: tuple[int | str, ...], msg: str) -> str:
     return f"{'.'.join(str(p) for p in loc)}: {msg}" if loc else msg
 
 
-def default_table(settings: Settings) -> ModelTable:
+def default_table(settings: TableSettings) -> ModelTable:
     """The one-model table of a deployment configured only through FIRSTTOKEN_ENGINE*."""
     spec = ModelSpec(
         name=settings.engine_model,
@@ -179,7 +202,7 @@ def default_table(settings: Settings) -> ModelTable:
     return ModelTable([spec], settings.default_model)
 
 
-def load_models(settings: Settings) -> ModelTable:
+def load_models(settings: TableSettings) -> ModelTable:
     """The table the settings describe: FIRSTTOKEN_MODELS, else the file, else the default."""
     if settings.models:
         return parse_models(settings.models, settings.default_model)
@@ -194,6 +217,6 @@ def load_models(settings: Settings) -> ModelTable:
 
 
 @lru_cache(maxsize=8)
-def model_table(settings: Settings) -> ModelTable:
+def model_table(settings: TableSettings) -> ModelTable:
     """The table for these (frozen, hashable) settings, parsed once per process."""
     return load_models(settings)

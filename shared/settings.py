@@ -12,9 +12,18 @@ from typing import Literal
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.env import ENV_PREFIX
 from shared.errors import ConfigError
+from shared.modeltable import EngineKind, load_models
 
-ENV_PREFIX = "FIRSTTOKEN_"
+__all__ = [
+    "ENV_PREFIX",
+    "Settings",
+    "describe_validation_error",
+    "get_settings",
+    "load_settings",
+    "settings_table",
+]
 
 
 class Settings(BaseSettings):
@@ -41,7 +50,7 @@ class Settings(BaseSettings):
     )
 
     # --- engine ---------------------------------------------------------------------------
-    engine: Literal["sim", "openai", "vllm"] = Field(
+    engine: EngineKind = Field(
         "sim",
         description="sim (built-in simulator), openai (any OpenAI-compatible server), "
         "vllm (in-process vLLM AsyncLLM).",
@@ -279,8 +288,8 @@ class Settings(BaseSettings):
         le=1000,
         description="How long a cache lookup may run before the engine request starts anyway. "
         "0: the engine starts at once and a semantic hit races it (a miss pays nothing). "
-        "About the embedding time (e.g. 8): a semantic hit skips the engine request and answers "
-        "~4 ms sooner on a busy 2-core machine; a miss waits up to this long.",
+        "About the embedding time: a semantic hit then skips the engine request and answers "
+        "sooner on a busy machine; a miss waits up to this long.",
     )
     cache_candidates: int = Field(
         4, ge=1, le=32, description="Nearest cached questions the guards check per lookup."
@@ -316,8 +325,8 @@ class Settings(BaseSettings):
     embed_quantize: Literal["int8", "off"] = Field(
         "int8",
         description="int8: MiniLM's weight products run in int8, from a build of the model "
-        "made once into embed_cache_dir (half the time a query, same cache decisions on the "
-        "dev set); off: the model file as shipped.",
+        "made once into embed_cache_dir (a faster query, the same cache decisions on the dev "
+        "set); off: the model file as shipped.",
     )
     embed_cache_dir: str | None = Field(
         None,
@@ -413,9 +422,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check_models(self) -> Settings:
         # The model table is parsed here too, so a bad FIRSTTOKEN_MODELS stops every process
-        # at start-up rather than failing chats. Imported late: shared.modeltable imports this.
-        from shared.modeltable import load_models
-
+        # at start-up rather than failing chats.
         try:
             load_models(self)
         except ConfigError as exc:

@@ -1,16 +1,16 @@
-"""Run-wide reporting: say which real services the integration tests had to leave out."""
+"""Run-wide reporting: say loudly which real services were replaced and which tests skipped."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from tests.summary import REPLACED, summary_sections
+
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    try:
-        from tests.integration.conftest import LEFT_OUT
-    except ImportError:
-        return
-    if LEFT_OUT:
-        terminalreporter.write_sep("-", "left out (embedded defaults used instead)")
-        for item in LEFT_OUT:
-            terminalreporter.write_line(f"  {item}")
+    skipped = terminalreporter.stats.get("skipped", [])
+    for title, colour, lines in summary_sections(REPLACED, skipped):
+        markup = {colour: True, "bold": True}
+        terminalreporter.write_sep("=", title, **markup)
+        for line in lines:
+            terminalreporter.write_line(line, **markup)

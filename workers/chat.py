@@ -36,7 +36,7 @@ from shared.prompt import BuiltPrompt
 from shared.protocol import CHUNK_DONE, CHUNK_ERROR, dumps
 from shared.settings import get_settings
 from shared.tasks import ChatJob, TaskCall
-from workers import cache_stage, retrieve
+from workers import cache_stage, retrieval
 from workers.app import app
 from workers.cache_stage import CacheStage, Lookup
 from workers.context import WorkerContext, announce, get_context
@@ -87,14 +87,14 @@ async def warm_chat_worker() -> None:
 
     settings = get_settings()
     models = model_table(settings)
-    retrieve.warm_up(settings, models)
+    retrieval.warm_up(settings, models)
     ctx = await get_context()
     for spec in models:  # engine clients (and the SDK's imports) now, not on a first chat
         ctx.engine_for(spec)
     try:
         async with asyncio.timeout(5):
             await database.warm()
-            await retrieve.warm_queries()
+            await retrieval.warm_queries()
     except Exception as exc:  # noqa: BLE001 - chats work without the database; it may be down
         log.warning("database not reachable at start-up (%s); chats go on without it", exc)
     await cache_stage.warm()
@@ -247,9 +247,9 @@ class ChatRun:
         if lookup is None:
             # Nothing to race: awaited in place (a task would cost two passes of the loop,
             # and with every source cached the stage does not wait at all).
-            prepared = await retrieve.prepare(self.ctx, self.job)
+            prepared = await retrieval.prepare(self.ctx, self.job)
         else:
-            prepare = self._spawn(retrieve.prepare(self.ctx, self.job))
+            prepare = self._spawn(retrieval.prepare(self.ctx, self.job))
             await asyncio.wait({lookup, prepare}, return_when=asyncio.FIRST_COMPLETED)
             if await self._served_from_cache(lookup):
                 return
@@ -263,7 +263,7 @@ class ChatRun:
         # Off the first token's path: these run once the engine request is out, and once no
         # other chat waits in the queue for its own (workers/deferred.py). A first turn's
         # prompt may go out before its tokens are counted: see BuiltPrompt.
-        deferred.later(functools.partial(retrieve.start_background, prepared))
+        deferred.later(functools.partial(retrieval.start_background, prepared))
         deferred.later(functools.partial(getattr, prepared.built, "prompt_tokens"))
         if lookup is None or lookup.done():
             # Nothing to race: this task sends the engine request itself, in this step, so
@@ -360,9 +360,9 @@ class ChatRun:
                 assert first_ready is not None
                 first_ready.set()
                 await go.wait()
-            return await self._relay(first, deltas)
+            return await self._stream_answer(first, deltas)
 
-    async def _relay(
+    async def _stream_answer(
         self, delta: Delta | None, deltas: AsyncGenerator[Delta, None]
     ) -> tuple[str, int | None]:
         """Stream the engine's deltas to the client; returns (finish_reason, engine's count)."""
@@ -390,7 +390,7 @@ class ChatRun:
 
     async def _finish(
         self,
-        prepared: retrieve.Prepared,
+        prepared: retrieval.Prepared,
         finish_reason: str,
         engine_prompt_tokens: int | None,
         lookup: asyncio.Future[Any] | None,
@@ -400,8 +400,8 @@ class ChatRun:
         if self.stream.first_published is not None:
             points["first_chunk_published"] = self.stream.first_published
         points["finished"] = time.time()
-        await retrieve.settle_background(prepared)
-        await retrieve.after_answer(self.ctx, self.job, prepared, answer, self.model)
+        await retrieval.settle_background(prepared)
+        await retrieval.after_answer(self.ctx, self.job, prepared, answer, self.model)
         usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
         if engine_prompt_tokens is not None and engine_prompt_tokens != self.prompt_tokens:
             # The engine's own count (its chat template, its tokenizer) where it differs.
@@ -415,7 +415,7 @@ class ChatRun:
             "usage": usage,
             "chunks": self.publisher.next_seq,
             "points": points,
-            **retrieve.done_fields(prepared),
+            **retrieval.done_fields(prepared),
         }
         self.publisher.control(CHUNK_DONE, dumps(done))
         if lookup is not None and not lookup.done():

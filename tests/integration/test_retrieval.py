@@ -88,17 +88,17 @@ async def test_start_up_compiles_every_source_query(
     from sqlalchemy import event
     from sqlalchemy.engine.default import CACHE_HIT
 
-    from workers import retrieve
     from workers.db import Database
+    from workers.retrieval import sources
 
     db = Database(services.database_url)
-    monkeypatch.setattr(retrieve, "database", db)
+    monkeypatch.setattr(sources, "database", db)
     _, tenant_id, _ = await new_tenant(services.database_url)
     db.sessionmaker()
     assert db._engine is not None
     try:
-        await retrieve.warm_queries()
-        assert retrieve._tenant_cache.held(("prompt", retrieve.WARM_UP_TENANT), None) is None
+        await sources.warm_queries()
+        assert sources._tenant_cache.held(("prompt", sources.WARM_UP_TENANT), None) is None
         hits: list[object] = []
 
         @event.listens_for(db._engine.sync_engine, "after_cursor_execute")
@@ -106,9 +106,9 @@ async def test_start_up_compiles_every_source_query(
             hits.append(context.cache_hit)
 
         query = Query(tenant_id, "hello", f"conv-{tenant_id}")
-        await retrieve.UserSource(1.0)._load(query)
-        await retrieve.KbSource._version_loader(query)()
-        state = await retrieve.ConversationSource(1.0, new=False).fetch(query)
+        await sources.UserSource(1.0)._load(query)
+        await sources.KbSource._version_loader(query)()
+        state = await sources.ConversationSource(1.0, new=False).fetch(query)
         assert state is not None and not state.found  # no such conversation
         assert len(hits) == 3
         assert all(hit is CACHE_HIT for hit in hits), hits

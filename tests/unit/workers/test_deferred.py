@@ -68,12 +68,12 @@ async def test_a_failing_callback_is_logged_and_the_rest_still_run(
 
 
 async def test_background_sources_still_held_at_the_answers_end_are_reported_skipped() -> None:
-    from workers import retrieve
+    from workers import retrieval
 
     class Quota:
         name = "quota"
 
-    prepared = retrieve.Prepared(
+    prepared = retrieval.Prepared(
         job=None,  # type: ignore[arg-type]
         model="m",
         built=None,  # type: ignore[arg-type]
@@ -83,7 +83,7 @@ async def test_background_sources_still_held_at_the_answers_end_are_reported_ski
         retrieval={"sources": {}, "skipped": []},
         deferred=[(Quota(), None)],  # type: ignore[list-item]
     )
-    await retrieve.settle_background(prepared)
+    await retrieval.settle_background(prepared)
     assert prepared.retrieval["skipped"] == ["quota"]
-    retrieve.start_background(prepared)  # the held call, run after the answer: starts nothing
+    retrieval.start_background(prepared)  # the held call, run after the answer: starts nothing
     assert prepared.background == {}

@@ -1,0 +1,270 @@
+"""The retrieval sources: what a chat's prompt is built from, each read under its own deadline.
+
+Each source is a :class:`shared.retrieval.Source` (``shared.retrieval`` is the pure gather logic:
+deadlines, results, the summary; this module is the I/O behind it: database, Redis, embedder):
+
+- ``user``: the tenant's prompt template row (``tenant_prompts``);
+- ``conversation``: the conversation's summary and unsummarised messages; it also checks that
+  the conversation exists and belongs to the chat's tenant (the gateway does not read the
+  database on the hot path, and this query is one the worker makes anyway);
+- ``kb``: the question's embedding (the cache's embedder) against the tenant's chunks;
+- ``quota``: the tenant's tokens used in the current minute (advisory: reported, never blocks;
+  the gateway's admission already enforces the limit). It runs in the background (see
+  ``workers.retrieval.assembly.BACKGROUND_SOURCES``): the prompt does not wait for its Redis
+  round trip, and `done` reports it;
+- ``probe``: a sleep standing in for a slow dependency (``FIRSTTOKEN_RETRIEVAL_PROBE_MS``).
+
+A late or failing source is skipped and reported in the `done` frame's ``retrieval``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+
+from shared.conversation import StoredMessage
+from shared.db.models import Conversation, MessageRow, TenantPrompt
+from shared.embeddings.base import Embedder
+from shared.kb.index import KbIndexes
+from shared.kb.store import kb_version, load_chunks
+from shared.prompt import ContextChunk
+from shared.refreshing import RefreshingCache
+from shared.retrieval import Query, Source
+from shared.settings import Settings
+from shared.tasks import ChatJob
+from workers.context import WorkerContext
+from workers.db import database
+
+# Tenant-level rows (prompt overrides, the knowledge base's version) change rarely but would
+# cost a database round trip on every chat: each worker process trusts them this long, so an
+# edit (`firsttoken kb add`, a tenant prompt) reaches chats within about this many seconds
+# (the first chat after it still gets the old value while one query fetches the new one).
+TENANT_CACHE_S = 5.0
+_tenant_cache: RefreshingCache[tuple[str, str], Any] = RefreshingCache(TENANT_CACHE_S)
+
+
+async def _per_tenant(kind: str, tenant_id: str, load: Any) -> Any:
+    """`await load()`, remembered per (kind, tenant); see shared/refreshing.py."""
+    return await _tenant_cache.get((kind, tenant_id), load)
+
+
+def _per_tenant_held(kind: str, tenant_id: str, load: Any) -> tuple[Any] | None:
+    """What :func:`_per_tenant` would return, if it is held (no waiting)."""
+    return _tenant_cache.held((kind, tenant_id), load)
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationState:
+    found: bool
+    summary: str | None = None
+    summary_upto: int | None = None
+    messages: tuple[StoredMessage, ...] = ()
+
+
+class UserSource:
+    name = "user"
+
+    def __init__(self, deadline_s: float) -> None:
+        self.deadline_s = deadline_s
+
+    async def fetch(self, query: Query) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = await _per_tenant(
+            "prompt", query.tenant_id, lambda: self._load(query)
+        )
+        return result
+
+    def cached(self, query: Query) -> tuple[dict[str, Any] | None] | None:
+        return _per_tenant_held("prompt", query.tenant_id, lambda: self._load(query))
+
+    async def _load(self, query: Query) -> dict[str, Any] | None:
+        async with database.sessionmaker()() as session:
+            row = await session.get(TenantPrompt, query.tenant_id)
+        if row is None:
+            return None
+        data: dict[str, Any] = {
+            "role": row.role,
+            "output_format": row.output_format,
+            "route_policy": row.route_policy,
+        }
+        if row.constraints:
+            data["constraints"] = json.loads(row.constraints)
+        return {k: v for k, v in data.items() if v is not None}
+
+
+class ConversationSource:
+    name = "conversation"
+
+    def __init__(self, deadline_s: float, new: bool) -> None:
+        self.deadline_s = deadline_s
+        self.new = new
+
+    def cached(self, query: Query) -> tuple[ConversationState | None] | None:
+        """A new conversation (or none) needs no query."""
+        if query.conversation_id is None:
+            return (None,)
+        if self.new:
+            return (ConversationState(found=True),)
+        return None
+
+    async def fetch(self, query: Query) -> ConversationState | None:
+        hit = self.cached(query)
+        if hit is not None:
+            return hit[0]
+        async with database.sessionmaker()() as session:
+            conv = await session.get(Conversation, query.conversation_id)
+            # Another tenant's conversation reads as unknown: its existence is not disclosed.
+            if conv is None or conv.tenant_id != query.tenant_id:
+                return ConversationState(found=False)
+            stmt = select(MessageRow.id, MessageRow.role, MessageRow.content).where(
+                MessageRow.conversation_id == query.conversation_id
+            )
+            if conv.summary_upto is not None:
+                stmt = stmt.where(MessageRow.id > conv.summary_upto)
+            rows = await session.execute(stmt.order_by(MessageRow.id))
+            messages = tuple(StoredMessage(int(r[0]), str(r[1]), str(r[2])) for r in rows)
+        return ConversationState(True, conv.summary, conv.summary_upto, messages)
+
+
+class KbSource:
+    name = "kb"
+
+    def __init__(self, deadline_s: float, kb: KbState, top_k: int, min_score: float) -> None:
+        self.deadline_s = deadline_s
+        self.kb = kb
+        self.top_k = top_k
+        self.min_score = min_score
+
+    def cached(self, query: Query) -> tuple[list[ContextChunk]] | None:
+        """No knowledge base (off, or the tenant's known to be empty): nothing to embed."""
+        if self.top_k == 0:
+            return ([],)
+        version = _per_tenant_held("kb_version", query.tenant_id, self._version_loader(query))
+        if version is not None and version[0][0] == 0:
+            return ([],)
+        return None
+
+    @staticmethod
+    def _version_loader(query: Query) -> Any:
+        async def load_version() -> Any:
+            async with database.sessionmaker()() as session:
+                return await kb_version(session, query.tenant_id)
+
+        return load_version
+
+    async def fetch(self, query: Query) -> list[ContextChunk]:
+        if self.top_k == 0:
+            return []
+        loop = asyncio.get_running_loop()
+        version = await _per_tenant("kb_version", query.tenant_id, self._version_loader(query))
+        if version[0] == 0:
+            return []  # no knowledge base: no embedding, no model load
+        # Loaded on the embedding thread: the first load is slow and must not stall the loop
+        # that streams other chats (this chat skips the kb if it is late).
+        embedder = await loop.run_in_executor(self.kb.executor, self.kb.embedder)
+        if self.kb.indexes.version(query.tenant_id) != version:
+            async with database.sessionmaker()() as session:
+                rows = await load_chunks(session, query.tenant_id, embedder.name)
+            self.kb.indexes.load(query.tenant_id, version, rows)
+        vectors = await loop.run_in_executor(self.kb.executor, embedder.embed, [query.question])
+        hits = self.kb.indexes.search(query.tenant_id, vectors[0], self.top_k, self.min_score)
+        return [ContextChunk(f"kb:{h.chunk_id}", h.text, h.score) for h in hits]
+
+
+class QuotaSource:
+    name = "quota"
+
+    def __init__(self, deadline_s: float, ctx: WorkerContext) -> None:
+        self.deadline_s = deadline_s
+        self.ctx = ctx
+
+    async def fetch(self, query: Query) -> dict[str, int]:
+        key = self.ctx.keys.rate_tokens("tenant", query.tenant_id)
+        # On the pipe: no pooled connection of its own, no write of its own.
+        used = await self.ctx.pipe.call("HGET", key, "=sum")
+        return {"used": int(float(str(used or 0))), "limit": self.ctx.settings.tenant_tpm_default}
+
+
+class ProbeSource:
+    """Sleeps; stands in for a slow dependency in fault drills, tests and benchmarks."""
+
+    name = "probe"
+
+    def __init__(self, deadline_s: float, sleep_s: float) -> None:
+        self.deadline_s = deadline_s
+        self.sleep_s = sleep_s
+
+    async def fetch(self, query: Query) -> None:
+        await asyncio.sleep(self.sleep_s)
+
+
+@dataclass
+class KbState:
+    """The process's knowledge-base embedder (one thread, like the cache's) and indexes."""
+
+    settings: Settings
+    executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="kb-embed")
+    )
+    _embedder: Embedder | None = None
+    _indexes: KbIndexes | None = None
+
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            from shared.embeddings.factory import make_embedder
+
+            self._embedder = make_embedder(self.settings)
+        return self._embedder
+
+    @property
+    def indexes(self) -> KbIndexes:
+        if self._indexes is None:
+            self._indexes = KbIndexes(self.embedder().dim)
+        return self._indexes
+
+
+_kb: KbState | None = None
+
+
+def _kb_state(settings: Settings) -> KbState:
+    global _kb
+    if _kb is None:
+        _kb = KbState(settings)
+    return _kb
+
+
+def sources_for(ctx: WorkerContext, job: ChatJob) -> list[Source]:
+    s = ctx.settings
+    db_s = s.retrieval_db_deadline_ms / 1000.0
+    sources: list[Source] = [
+        UserSource(db_s),
+        ConversationSource(db_s, job.new_conversation),
+        KbSource(s.retrieval_kb_deadline_ms / 1000.0, _kb_state(s), s.kb_top_k, s.kb_min_score),
+        QuotaSource(s.retrieval_quota_deadline_ms / 1000.0, ctx),
+    ]
+    if s.retrieval_probe_ms > 0:
+        sources.append(ProbeSource(db_s, s.retrieval_probe_ms / 1000.0))
+    return sources
+
+
+# A tenant id no row has (ids are UUIDs): the warm-up's queries find nothing and cache nothing.
+WARM_UP_TENANT = "firsttoken-warm-up"
+
+
+async def warm_queries() -> None:
+    """Run each source's database query once, for a tenant that does not exist (a worker's
+    start-up, after the pool's first connection). A process's first run of a statement pays for
+    SQLAlchemy's compilation and the driver's first use: without this the first chat of each
+    worker pays it, and every chat of that tenant that arrives meanwhile waits on the same load
+    (a burst right after a restart)."""
+    query = Query(WARM_UP_TENANT, "", WARM_UP_TENANT)
+    # Together, as a chat runs them: the pool opens the connections they need at once now.
+    await asyncio.gather(
+        UserSource(0.0)._load(query),
+        KbSource._version_loader(query)(),
+        ConversationSource(0.0, new=False).fetch(query),
+    )
