@@ -9,7 +9,7 @@ import os
 import socket
 import time
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -18,6 +18,7 @@ from gateway.limits import ConnectionGuard
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter
 from gateway.relay import Relay
+from gateway.session import Job, Session
 from shared.db.session import make_engine, make_sessionmaker
 from shared.errors import Unauthorized
 from shared.heap import FirstUse
@@ -26,9 +27,6 @@ from shared.limits import Limits
 from shared.redisclient import redis_client
 from shared.redispipe import RedisPipe
 from shared.settings import Settings
-
-if TYPE_CHECKING:
-    from gateway.session import Job, Session
 
 log = logging.getLogger(__name__)
 
