@@ -95,7 +95,12 @@ def test_accepted_and_pong_frames_parse_back_as_the_client_reads_them() -> None:
         "id": "c",
         "job_id": "j1",
     }
-    assert parse_server_frame(encode_accepted("c", "j1", "conv9"))["conversation_id"] == "conv9"
+    assert parse_server_frame(encode_accepted("c", "j1", "conv9")) == {
+        "type": "accepted",
+        "id": "c",
+        "job_id": "j1",
+        "conversation_id": "conv9",
+    }
     assert parse_server_frame(encode_pong(None)) == {"type": "pong", "id": None}
     assert parse_server_frame(encode_pong("p1")) == {"type": "pong", "id": "p1"}
 
