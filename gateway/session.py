@@ -35,7 +35,7 @@ from shared.errors import (
 )
 from shared.keys import CHAT_QUEUE, CHAT_TASK, Keys
 from shared.limits import charged_without_usage
-from shared.modeltable import model_table
+from shared.modeltable import ModelTable
 from shared.protocol import (
     CancelFrame,
     ChatFrame,
@@ -65,6 +65,9 @@ class SessionHost(Protocol):
     limiter: RateLimiter
     metrics: GatewayMetrics
     jobs: dict[str, Job]
+
+    @property
+    def models(self) -> ModelTable: ...
 
     def chat_started(self) -> None: ...
 
@@ -216,7 +219,7 @@ class Session:
         received = time.time()
         limits = self.principal.limits
         admitted = admit_chat(
-            frame, running=self.jobs, rules=settings, models=model_table(settings), limits=limits
+            frame, running=self.jobs, rules=settings, models=gw.models, limits=limits
         )
         max_tokens, reserved = admitted.max_tokens, admitted.reserved
         new_conversation = admitted.new_conversation

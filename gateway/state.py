@@ -9,6 +9,7 @@ import os
 import socket
 import time
 from collections.abc import Coroutine
+from functools import cached_property
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -24,6 +25,7 @@ from shared.errors import Unauthorized
 from shared.heap import FirstUse
 from shared.keys import CHAT_QUEUE, Keys
 from shared.limits import Limits
+from shared.modeltable import ModelTable, model_table
 from shared.redisclient import redis_client
 from shared.redispipe import RedisPipe
 from shared.settings import Settings
@@ -77,6 +79,12 @@ class Gateway:
         self._watchdog: asyncio.Task[None] | None = None
         self._worker_count: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+
+    @cached_property
+    def models(self) -> ModelTable:
+        """The model table, read on first use (a bad models file fails the chats that need it,
+        not the gateway's start) and then kept: looking it up per chat hashes the settings."""
+        return model_table(self.settings)
 
     def chat_started(self) -> None:
         self.metrics.chats.inc()

@@ -289,9 +289,8 @@ def done_chunk(
         "usage": usage,
         "chunks": chunks,
         "points": points,
+        **extras,  # type: ignore[typeddict-item]  # DoneExtras, as retrieve.done_fields says
     }
-    if extras:
-        chunk.update(extras)  # type: ignore[typeddict-item]
     return chunk
 
 
