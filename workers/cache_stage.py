@@ -259,7 +259,8 @@ async def get_stage(ctx: WorkerContext) -> CacheStage | None:
             embedder: Embedder | None = None
             if ctx.settings.cache_semantic:
                 try:
-                    # Off the loop: loading the model takes ~0.3-2 s, other chats keep flowing.
+                    # Off the loop: loading the model takes long enough that other chats would
+                    # stall; on a thread they keep flowing.
                     embedder = await asyncio.to_thread(make_embedder, ctx.settings)
                 except Exception:
                     log.error("semantic cache disabled: embedder failed to load", exc_info=True)
