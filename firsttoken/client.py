@@ -12,6 +12,9 @@ from typing import Any
 
 import websockets
 
+from shared.errors import ErrorFrame
+from shared.protocol import DoneFrame, parse_server_frame
+
 DEV_FILE = Path(".firsttoken") / "dev.json"
 
 
@@ -31,7 +34,7 @@ async def ask(
     max_tokens: int | None = None,
     cache: bool = True,
     out: Any = sys.stdout,
-) -> dict[str, Any]:
+) -> DoneFrame | ErrorFrame:
     """Stream one answer to `out`; return the final `done` or `error` frame."""
     chat_id = uuid.uuid4().hex[:8]
     frame: dict[str, Any] = {
@@ -48,13 +51,18 @@ async def ask(
     async with websockets.connect(url, additional_headers=headers, max_size=None) as ws:
         await ws.send(json.dumps(frame))
         async for raw in ws:
-            msg = json.loads(raw)
+            msg = parse_server_frame(raw)
             if msg["type"] == "token":
                 out.write(msg["text"])
                 out.flush()
-            elif msg["type"] in ("done", "error"):
-                return dict(msg)
-    return {"type": "error", "code": "closed", "message": "the gateway closed the connection"}
+            elif msg["type"] == "done" or msg["type"] == "error":
+                return msg
+    return {
+        "type": "error",
+        "id": chat_id,
+        "code": "closed",
+        "message": "the gateway closed the connection before the answer ended; retry",
+    }
 
 
 def run_chat(
@@ -93,15 +101,18 @@ def run_chat(
             f"firsttoken: cannot reach {url}: {exc} (is `firsttoken up` running?)", file=sys.stderr
         )
         return 1
+    except ValueError as exc:  # a frame this client cannot read
+        print(f"firsttoken: {exc}", file=sys.stderr)
+        return 1
     print()
     if result["type"] == "error":
         print(f"error {result['code']}: {result['message']}", file=sys.stderr)
         return 1
-    timings = " ".join(f"{k}={v:g}" for k, v in result.get("timings", {}).items())
-    usage = result.get("usage", {})
+    timings = " ".join(f"{k}={v:g}" for k, v in result["timings"].items())
+    usage = result["usage"]
     print(
         f"[{result['model']} finish={result['finish_reason']} cached={result['cached']} "
-        f"prompt={usage.get('prompt_tokens')} completion={usage.get('completion_tokens')}]"
+        f"prompt={usage['prompt_tokens']} completion={usage['completion_tokens']}]"
     )
     print(f"[ms: {timings}]")
     return 0

@@ -12,7 +12,16 @@ from dataclasses import dataclass, field
 import orjson
 
 from shared.errors import EngineError, error_frame
-from shared.protocol import CHUNK_DONE, CHUNK_ERROR, CHUNK_STARTED, CHUNK_TOKEN, decode_chunk, dumps
+from shared.protocol import (
+    CHUNK_DONE,
+    CHUNK_ERROR,
+    CHUNK_STARTED,
+    CHUNK_TOKEN,
+    DoneChunk,
+    decode_chunk,
+    done_frame,
+    dumps,
+)
 from shared.timing import stage_timings
 
 
@@ -85,7 +94,7 @@ class RelayState:
         elif kind == CHUNK_STARTED:
             self.started = True
         elif kind == CHUNK_DONE:
-            data = orjson.loads(payload)
+            data: DoneChunk = orjson.loads(payload)
             if int(data.get("chunks", 0)) > self.next_seq:
                 if repairing:
                     self._gap(step)
@@ -119,16 +128,13 @@ class RelayState:
         frame["id"] = self.chat_id
         return dumps(frame)
 
-    def _done_frame(self, data: dict[str, object], now: float) -> str:
-        points = dict(data.pop("points", None) or {})  # type: ignore[call-overload]
-        data.pop("chunks", None)
-        data["id"] = self.chat_id
+    def _done_frame(self, chunk: DoneChunk, now: float) -> str:
+        points = dict(chunk.get("points") or {})
         points["received"] = self.received_at
         if self.first_sent_at is not None:
             points["first_chunk_sent"] = self.first_sent_at
         points["done_sent"] = now
-        data["timings"] = stage_timings(points)
-        return dumps(data)
+        return dumps(done_frame(chunk, self.chat_id, stage_timings(points)))
 
 
 def usage_total(usage: object) -> int | None:

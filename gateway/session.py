@@ -11,14 +11,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
+from redis.asyncio import Redis
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from gateway.admit import admit_chat, check_new_chat
 from gateway.auth import Principal
 from gateway.eager import Rest, start_eagerly
-from gateway.limits import check_message_chars
-from gateway.ratelimit import Admission, Enqueue
+from gateway.metrics import GatewayMetrics
+from gateway.ratelimit import Admission, Enqueue, RateLimiter
+from gateway.relay import Relay
 from gateway.relaystate import RelayState, Step
 from shared.errors import (
     Cancelled,
@@ -29,31 +33,49 @@ from shared.errors import (
     Overloaded,
     error_frame,
 )
-from shared.keys import CHAT_QUEUE, CHAT_TASK
-from shared.limits import (
-    charged_without_usage,
-    estimate_prompt_tokens,
-    reservation,
-    tokens_over_limit,
-)
-from shared.modeltable import model_table
+from shared.keys import CHAT_QUEUE, CHAT_TASK, Keys
+from shared.limits import charged_without_usage
+from shared.modeltable import ModelTable
 from shared.protocol import (
-    AUTO_MODEL,
-    NEW_CONVERSATION,
     CancelFrame,
     ChatFrame,
     PingFrame,
     ResumeFrame,
     dumps,
+    encode_accepted,
+    encode_pong,
     frame_id,
     parse_client_frame,
 )
+from shared.settings import Settings
 from shared.tasks import ChatJob, new_id, task_message
 
-if TYPE_CHECKING:
-    from gateway.state import Gateway
-
 log = logging.getLogger(__name__)
+
+
+class SessionHost(Protocol):
+    """What a session uses of its gateway process (gateway/state.py's Gateway, which imports
+    this module: the session only sees this shape of it)."""
+
+    settings: Settings
+    keys: Keys
+    name: str
+    redis: Redis
+    relay: Relay
+    limiter: RateLimiter
+    metrics: GatewayMetrics
+    jobs: dict[str, Job]
+
+    @property
+    def models(self) -> ModelTable: ...
+
+    def chat_started(self) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
+
+    async def chat_workers_alive(self) -> bool: ...
+
+    async def cancel_job(self, job_id: str) -> None: ...
 
 
 class Job:
@@ -77,7 +99,7 @@ class Job:
 
 
 class Session:
-    def __init__(self, gw: Gateway, ws: WebSocket, principal: Principal) -> None:
+    def __init__(self, gw: SessionHost, ws: WebSocket, principal: Principal) -> None:
         self.gw = gw
         self.ws = ws
         self.principal = principal
@@ -184,7 +206,7 @@ class Session:
             elif isinstance(frame, ResumeFrame):
                 await self.resume(frame)
             elif isinstance(frame, PingFrame):
-                self.send(dumps({"type": "pong", "id": frame.id}))
+                self.send(encode_pong(frame.id))
         except FirstTokenError as exc:
             self.send_error(getattr(frame, "id", None), exc)
         except Exception as exc:
@@ -192,44 +214,16 @@ class Session:
             self.send_error(getattr(frame, "id", None), exc)
 
     # --- chats ------------------------------------------------------------------------
-    def _check_new_chat(self, chat_id: str) -> None:
-        if chat_id in self.jobs:
-            raise InvalidRequest(
-                f"a chat with id {chat_id!r} is already running on this connection"
-            )
-        limit = self.gw.settings.max_streams_per_connection
-        if len(self.jobs) >= limit:
-            raise Overloaded(f"this connection already runs {limit} chats; wait for one to finish")
-
     async def start_chat(self, frame: ChatFrame) -> None:
         gw, settings = self.gw, self.gw.settings
         received = time.time()
-        self._check_new_chat(frame.id)
-        max_tokens = frame.max_tokens or settings.max_tokens_default
-        if max_tokens > settings.max_tokens_limit:
-            raise InvalidRequest(
-                f"max_tokens {max_tokens} is over the limit of {settings.max_tokens_limit}"
-            )
-        if frame.messages[-1].role != "user":
-            raise InvalidRequest("the last message must have role 'user'")
-        # Unknown models are refused here, before anything is enqueued (lists the known ones);
-        # "auto" is routed by the worker once the prompt is built (shared/routing.py).
-        if frame.model != AUTO_MODEL:
-            model_table(settings).get(frame.model)
-        # A conversation id is checked by the worker (exists, same tenant): its retrieval
-        # stage reads the conversation anyway, and the gateway stays off the database.
-        new_conversation = frame.conversation_id == NEW_CONVERSATION
-        conversation_id = new_id() if new_conversation else frame.conversation_id
-        check_message_chars(frame.messages, settings.max_message_chars)
-        prompt_estimate = estimate_prompt_tokens(m.content for m in frame.messages)
-        reserved = reservation(prompt_estimate, max_tokens)
         limits = self.principal.limits
-        over = tokens_over_limit(reserved, limits)
-        if over is not None:
-            raise InvalidRequest(
-                f"this chat needs up to {reserved} tokens (prompt estimate + max_tokens), more "
-                f"than the {over} tokens per minute this key may use; lower max_tokens"
-            )
+        admitted = admit_chat(
+            frame, running=self.jobs, rules=settings, models=gw.models, limits=limits
+        )
+        max_tokens, reserved = admitted.max_tokens, admitted.reserved
+        new_conversation = admitted.new_conversation
+        conversation_id = new_id() if new_conversation else frame.conversation_id
         if not await gw.chat_workers_alive():
             raise Overloaded(
                 "no chat worker is running; start one with `firsttoken worker --queues chat`"
@@ -275,7 +269,7 @@ class Session:
                 tenant_id=self.principal.tenant_id,
                 limits=limits,
                 tokens=reserved,
-                prompt_estimate=prompt_estimate,
+                prompt_estimate=admitted.prompt_estimate,
                 enqueue=Enqueue(
                     gw.keys.queue_list(CHAT_QUEUE),
                     message,
@@ -292,10 +286,7 @@ class Session:
             raise
         gw.jobs[job_id] = job
         gw.chat_started()
-        accepted = {"type": "accepted", "id": frame.id, "job_id": job_id}
-        if conversation_id is not None:
-            accepted["conversation_id"] = conversation_id
-        self.send(dumps(accepted))
+        self.send(encode_accepted(frame.id, job_id, conversation_id))
 
     async def cancel_chat(self, chat_id: str) -> None:
         job = self.jobs.get(chat_id)
@@ -307,7 +298,7 @@ class Session:
     async def resume(self, frame: ResumeFrame) -> None:
         """Re-attach to a job started by the same API key, replaying from after_seq."""
         gw = self.gw
-        self._check_new_chat(frame.id)
+        check_new_chat(frame.id, self.jobs, gw.settings.max_streams_per_connection)
         owner = await gw.redis.get(gw.keys.job_owner(frame.job_id))
         if owner is None or owner != self.principal.key_id:
             raise InvalidRequest(f"no resumable job {frame.job_id!r} for this API key")
@@ -320,7 +311,7 @@ class Session:
         self.jobs[frame.id] = job
         gw.jobs[frame.job_id] = job
         await gw.relay.subscribe_confirmed(job.channel, job.on_message)
-        self.send(dumps({"type": "accepted", "id": frame.id, "job_id": frame.job_id}))
+        self.send(encode_accepted(frame.id, frame.job_id))
         await self._repair(job)
 
     def apply(self, job: Job, step: Step) -> None:

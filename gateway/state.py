@@ -9,7 +9,8 @@ import os
 import socket
 import time
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from functools import cached_property
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -18,17 +19,16 @@ from gateway.limits import ConnectionGuard
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter
 from gateway.relay import Relay
+from gateway.session import Job, Session
 from shared.db.session import make_engine, make_sessionmaker
 from shared.errors import Unauthorized
 from shared.heap import FirstUse
 from shared.keys import CHAT_QUEUE, Keys
 from shared.limits import Limits
+from shared.modeltable import ModelTable, model_table
 from shared.redis.client import redis_client
 from shared.redis.pipe import RedisPipe
 from shared.settings import Settings
-
-if TYPE_CHECKING:
-    from gateway.session import Job, Session
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,12 @@ class Gateway:
         self._watchdog: asyncio.Task[None] | None = None
         self._worker_count: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+
+    @cached_property
+    def models(self) -> ModelTable:
+        """The model table, read on first use (a bad models file fails the chats that need it,
+        not the gateway's start) and then kept: looking it up per chat hashes the settings."""
+        return model_table(self.settings)
 
     def chat_started(self) -> None:
         self.metrics.chats.inc()

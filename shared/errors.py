@@ -19,7 +19,9 @@ Boundaries (Redis, SQLAlchemy, engines) wrap their own exceptions into this tree
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Literal, NotRequired
+
+from typing_extensions import TypedDict  # pydantic validates only this one before 3.12
 
 
 class ErrorCode(StrEnum):
@@ -78,10 +80,21 @@ class InternalError(FirstTokenError):
     code = ErrorCode.INTERNAL
 
 
-def error_frame(chat_id: str | None, exc: BaseException) -> dict[str, Any]:
+class ErrorFrame(TypedDict):
+    """The wire `error` frame (shared/protocol.py has the other server frames): it ends the
+    chat it names, or the connection when `id` is None."""
+
+    type: Literal["error"]
+    id: str | None
+    code: str  # an ErrorCode value
+    message: str
+    retry_after_ms: NotRequired[int]
+
+
+def error_frame(chat_id: str | None, exc: BaseException) -> ErrorFrame:
     """The wire `error` frame for any exception; unknown exceptions become `internal`."""
     if isinstance(exc, FirstTokenError):
-        frame: dict[str, Any] = {
+        frame: ErrorFrame = {
             "type": "error",
             "id": chat_id,
             "code": exc.code.value,

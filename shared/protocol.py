@@ -1,19 +1,25 @@
-"""The websocket wire protocol (v1): typed frames, the parser, and fast encoders.
+"""The websocket wire protocol (v1): typed frames, the parsers, and fast encoders.
 
-Client -> server: ``chat``, ``cancel``, ``resume``, ``ping``.
-Server -> client: ``accepted``, ``token``, ``done``, ``error``, ``pong``.
-All frames are JSON text objects with a ``type`` field. This module does no I/O.
+Client -> server: ``chat``, ``cancel``, ``resume``, ``ping`` (pydantic models: every frame a
+client sends is validated). Server -> client: ``accepted``, ``token``, ``done``, ``error``
+(shared/errors.py, next to its one translator), ``pong``, and the worker -> gateway pub/sub
+chunks. The server builds its frames, so they are TypedDicts: a plain dict at run time (nothing
+is validated per token), checked by mypy where it is built, and validated only where a client
+reads them (:func:`parse_server_frame`). All frames are JSON text objects with a ``type``
+field. This module does no I/O.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, NotRequired
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from typing_extensions import TypedDict  # pydantic validates only this one before 3.12
 
-from shared.errors import InvalidRequest
+from shared.errors import ErrorFrame, InvalidRequest
 
 PROTOCOL_VERSION = 1
 ChatId = Annotated[str, Field(min_length=1, max_length=128)]
@@ -68,42 +74,6 @@ ClientFrame = Annotated[
 ]
 _CLIENT_FRAME: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
 CLIENT_FRAME_TYPES = ("chat", "cancel", "resume", "ping")
-
-
-class Usage(BaseModel):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class AcceptedFrame(BaseModel):
-    type: Literal["accepted"] = "accepted"
-    id: str
-    job_id: str
-
-
-class TokenFrame(BaseModel):
-    type: Literal["token"] = "token"
-    id: str
-    seq: int
-    text: str
-
-
-class DoneFrame(BaseModel):
-    type: Literal["done"] = "done"
-    id: str
-    cached: bool
-    model: str
-    finish_reason: str
-    usage: Usage
-    timings: dict[str, float]
-
-
-class ErrorFrame(BaseModel):
-    type: Literal["error"] = "error"
-    id: str | None
-    code: str
-    message: str
-    retry_after_ms: int | None = None
 
 
 def _describe(exc: ValidationError) -> str:
@@ -179,29 +149,188 @@ def frame_id(raw: str | bytes) -> str | None:
     return value
 
 
-def dumps(value: dict[str, Any] | list[Any]) -> str:
-    """Compact JSON, non-ASCII text as is, for frames and task messages (orjson: a token frame
-    in ~0.6 µs; the stdlib's encoder took 1.9-3.4, json.dumps with options 3.6)."""
+def dumps(value: Mapping[str, Any] | list[Any]) -> str:
+    """Compact JSON, non-ASCII text as is, for frames and task messages (orjson: the fastest
+    encoder measured for these small frames; see docs/benchmarks.md)."""
     return orjson.dumps(value).decode()
 
 
+# --- server -> client frames ----------------------------------------------------------------
+
+
+class AcceptedFrame(TypedDict):
+    """The chat is queued (or a resume re-attached); `job_id` is what a resume names."""
+
+    type: Literal["accepted"]
+    id: str
+    job_id: str
+    conversation_id: NotRequired[str]  # a server-kept conversation (new or continued)
+
+
+class TokenFrame(TypedDict):
+    type: Literal["token"]
+    id: str
+    seq: int
+    text: str
+
+
+class PongFrame(TypedDict):
+    type: Literal["pong"]
+    id: str | None
+
+
+class Usage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    # The engine's own prompt count (its chat template, its tokenizer), where it differs.
+    engine_prompt_tokens: NotRequired[int]
+
+
+class PromptParts(TypedDict):
+    """How the prompt was assembled from the conversation's history."""
+
+    history_sent: int
+    history_dropped: int
+    summary_sent: bool
+
+
+class DoneExtras(TypedDict, total=False):
+    """What the retrieval stage adds to `done` (workers/retrieve.py `done_fields`)."""
+
+    chunk_ids: list[str]
+    retrieval: dict[str, Any]
+    prompt: PromptParts
+    route: str
+    route_reason: str
+    conversation_id: str
+
+
+class _Done(DoneExtras):
+    type: Literal["done"]
+    id: str
+    cached: bool
+    model: str
+    finish_reason: str
+    usage: Usage
+
+
+class DoneChunk(_Done):
+    """`done` as the worker publishes it: the gateway turns it into a :class:`DoneFrame`."""
+
+    chunks: int  # token chunks published, so the gateway knows none is missing
+    points: dict[str, float]  # wall-clock stage points (shared/timing.py)
+
+
+class DoneFrame(_Done):
+    """The last frame of an answer."""
+
+    timings: dict[str, float]  # ms per stage, the gateway's own points included
+
+
+ServerFrame = Annotated[
+    AcceptedFrame | TokenFrame | DoneFrame | ErrorFrame | PongFrame, Field(discriminator="type")
+]
+_SERVER_FRAME: TypeAdapter[ServerFrame] = TypeAdapter(ServerFrame)
+
+
+def parse_server_frame(raw: str | bytes) -> ServerFrame:
+    """Validate one frame from the gateway (for clients; the server never parses its own)."""
+    try:
+        return _SERVER_FRAME.validate_json(raw)
+    except ValidationError as exc:
+        raise ValueError(
+            f"the gateway sent a frame this client does not understand ({exc.error_count()} "
+            f"problems, first: {exc.errors()[0]['msg']}); upgrade firsttoken to the "
+            "gateway's version"
+        ) from exc
+
+
+def encode_accepted(chat_id: str, job_id: str, conversation_id: str | None = None) -> str:
+    frame: AcceptedFrame = {"type": "accepted", "id": chat_id, "job_id": job_id}
+    if conversation_id is not None:
+        frame["conversation_id"] = conversation_id
+    return dumps(frame)
+
+
+def encode_pong(ping_id: str | None) -> str:
+    frame: PongFrame = {"type": "pong", "id": ping_id}
+    return dumps(frame)
+
+
 def encode_token(chat_id: str, seq: int, text: str) -> str:
-    """A `token` frame, on the hot path: one dumps, no model."""
-    return dumps({"type": "token", "id": chat_id, "seq": seq, "text": text})
+    """A `token` frame, on the hot path: one dumps, no model, no validation."""
+    frame: TokenFrame = {"type": "token", "id": chat_id, "seq": seq, "text": text}
+    return dumps(frame)
+
+
+_NO_EXTRAS: DoneExtras = {}
+
+
+def done_chunk(
+    chat_id: str,
+    *,
+    cached: bool,
+    model: str,
+    finish_reason: str,
+    usage: Usage,
+    chunks: int,
+    points: dict[str, float],
+    extras: Mapping[str, Any] = _NO_EXTRAS,
+) -> DoneChunk:
+    """The worker's `done`, the one place it is built (an answer from the engine or the cache).
+
+    `extras` are the retrieval stage's fields (:class:`DoneExtras`)."""
+    chunk: DoneChunk = {
+        "type": "done",
+        "id": chat_id,
+        "cached": cached,
+        "model": model,
+        "finish_reason": finish_reason,
+        "usage": usage,
+        "chunks": chunks,
+        "points": points,
+        **extras,  # type: ignore[typeddict-item]  # DoneExtras, as retrieve.done_fields says
+    }
+    return chunk
+
+
+def done_frame(chunk: DoneChunk, chat_id: str, timings: dict[str, float]) -> DoneFrame:
+    """The wire `done` from the worker's chunk: the connection's chat id, and the stage timings
+    in place of the raw points and the chunk count. Reuses the chunk's dict (freshly decoded)."""
+    frame: dict[str, Any] = chunk  # type: ignore[assignment]
+    frame.pop("points", None)
+    frame.pop("chunks", None)
+    frame["id"] = chat_id
+    frame["timings"] = timings
+    return frame  # type: ignore[return-value]
 
 
 # --- worker -> gateway messages on the job's pub/sub channel ------------------------------
 # One line header then the payload. Token frames travel ready to forward, so the gateway
 # relays them without parsing JSON: "T<seq>\n<token frame>".
-#   S\n{"t": worker_start}      the worker picked the job up
+#   S\n<started chunk json>     the worker picked the job up (again on each model failover)
 #   T<seq>\n<token frame json>  forward verbatim
-#   D\n<done frame json>        the gateway adds its own timings, then forwards
+#   D\n<done chunk json>        the gateway turns it into the `done` frame, then forwards
 #   E\n<error frame json>       forward; the job is over
 
 CHUNK_STARTED = "S"
 CHUNK_TOKEN = "T"
 CHUNK_DONE = "D"
 CHUNK_ERROR = "E"
+
+Failover = TypedDict("Failover", {"from": str, "to": str})
+
+
+class StartedChunk(TypedDict):
+    t: float  # when the worker started the job (wall clock)
+    failover: NotRequired[Failover]  # the model it moved to after the first one failed
+
+
+def encode_started(started_at: float, failover: Failover | None = None) -> str:
+    chunk: StartedChunk = {"t": started_at}
+    if failover is not None:
+        chunk["failover"] = failover
+    return dumps(chunk)
 
 
 def encode_chunk(kind: str, payload: str, seq: int | None = None) -> str:

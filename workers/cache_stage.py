@@ -20,7 +20,7 @@ from shared.cache.policy import Policy, Query, judge, servable, storable
 from shared.cache.store import CacheStore, NewEntry, StoredAnswer
 from shared.embeddings.base import Embedder
 from shared.embeddings.factory import make_embedder
-from shared.protocol import CHUNK_DONE, dumps
+from shared.protocol import done_chunk
 from shared.settings import Settings
 from shared.tasks import ChatJob
 from workers.context import WorkerContext, get_context
@@ -148,17 +148,17 @@ class CacheStage:
             if start == 0:
                 points["first_chunk_published"] = time.time()
         points["finished"] = time.time()
-        done = {
-            "type": "done",
-            "id": job.chat_id,
-            "cached": True,
-            "model": model,
-            "finish_reason": "stop",
-            "usage": {"prompt_tokens": 0, "completion_tokens": hit.completion_tokens},
-            "chunks": publisher.next_seq,
-            "points": points,
-        }
-        publisher.control(CHUNK_DONE, dumps(done))
+        publisher.done(
+            done_chunk(
+                job.chat_id,
+                cached=True,
+                model=model,
+                finish_reason="stop",
+                usage={"prompt_tokens": 0, "completion_tokens": hit.completion_tokens},
+                chunks=publisher.next_seq,
+                points=points,
+            )
+        )
         self._background(self.store.touch(job.tenant_id, hit.entry_id))
 
     def remember(
@@ -259,7 +259,8 @@ async def get_stage(ctx: WorkerContext) -> CacheStage | None:
             embedder: Embedder | None = None
             if ctx.settings.cache_semantic:
                 try:
-                    # Off the loop: loading the model takes ~0.3-2 s, other chats keep flowing.
+                    # Off the loop: loading the model takes long enough that other chats would
+                    # stall; on a thread they keep flowing.
                     embedder = await asyncio.to_thread(make_embedder, ctx.settings)
                 except Exception:
                     log.error("semantic cache disabled: embedder failed to load", exc_info=True)

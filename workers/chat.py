@@ -33,7 +33,7 @@ from shared.errors import Cancelled, DeadlineExceeded, FirstTokenError, error_fr
 from shared.heap import freeze_startup_objects
 from shared.keys import CHAT_QUEUE, CHAT_TASK
 from shared.prompt import BuiltPrompt
-from shared.protocol import CHUNK_DONE, CHUNK_ERROR, dumps
+from shared.protocol import Usage, done_chunk
 from shared.settings import get_settings
 from shared.tasks import ChatJob, TaskCall
 from workers import cache_stage, retrieval
@@ -402,22 +402,25 @@ class ChatRun:
         points["finished"] = time.time()
         await retrieval.settle_background(prepared)
         await retrieval.after_answer(self.ctx, self.job, prepared, answer, self.model)
-        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+        usage: Usage = {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+        }
         if engine_prompt_tokens is not None and engine_prompt_tokens != self.prompt_tokens:
             # The engine's own count (its chat template, its tokenizer) where it differs.
             usage["engine_prompt_tokens"] = engine_prompt_tokens
-        done = {
-            "type": "done",
-            "id": self.job.chat_id,
-            "cached": False,
-            "model": self.model,
-            "finish_reason": finish_reason,
-            "usage": usage,
-            "chunks": self.publisher.next_seq,
-            "points": points,
-            **retrieval.done_fields(prepared),
-        }
-        self.publisher.control(CHUNK_DONE, dumps(done))
+        self.publisher.done(
+            done_chunk(
+                self.job.chat_id,
+                cached=False,
+                model=self.model,
+                finish_reason=finish_reason,
+                usage=usage,
+                chunks=self.publisher.next_seq,
+                points=points,
+                extras=retrieval.done_fields(prepared),
+            )
+        )
         if lookup is not None and not lookup.done():
             # The engine answered before the lookup finished; its vectors are still wanted
             # to store this answer.
@@ -472,7 +475,7 @@ class ChatRun:
         await record(self.ctx, self.job, self.points, outcome)
         frame = error_frame(self.job.chat_id, Cancelled("the chat was cancelled"))
         with contextlib.suppress(Exception):
-            self.publisher.control(CHUNK_ERROR, dumps(frame))
+            self.publisher.error(frame)
 
     async def _failed(self, exc: BaseException) -> None:
         if not isinstance(exc, FirstTokenError):
@@ -480,7 +483,7 @@ class ChatRun:
         self.stream.stop()
         frame = error_frame(self.job.chat_id, exc)
         with contextlib.suppress(Exception):
-            self.publisher.control(CHUNK_ERROR, dumps(frame))
+            self.publisher.error(frame)
         status = "timeout" if isinstance(exc, DeadlineExceeded) else "error"
         outcome = Outcome(
             self.model, frame["code"], status, completion_tokens=self.completion_tokens

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import asyncio
 
+from shared.errors import ErrorFrame
 from shared.keys import Keys
-from shared.protocol import CHUNK_STARTED, CHUNK_TOKEN, dumps, encode_chunk, encode_token
+from shared.protocol import (
+    CHUNK_DONE,
+    CHUNK_ERROR,
+    CHUNK_STARTED,
+    CHUNK_TOKEN,
+    DoneChunk,
+    dumps,
+    encode_chunk,
+    encode_started,
+    encode_token,
+)
 from shared.redis.pipe import PipeScript
 
 # PUBLISH + XADD (+ EXPIRE the first time) as one script: one command and one reply per chunk,
@@ -63,7 +74,7 @@ class JobPublisher:
         read reaches the worker as a message (the job is registered as running by then)."""
         cancelled: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._expiry_set = True
-        started = encode_chunk(CHUNK_STARTED, dumps({"t": started_at})).encode()
+        started = encode_chunk(CHUNK_STARTED, encode_started(started_at)).encode()
         script = self._chunks.keyed((self._channel, self._stream, cancel_flag))
         script.send((started, self._maxlen, self._ttl), cancelled)
         return cancelled
@@ -75,5 +86,15 @@ class JobPublisher:
         message = encode_chunk(CHUNK_TOKEN, encode_token(self._chat_id, seq, text), seq)
         self.send(message, urgent=seq == 0)
 
+    def done(self, chunk: DoneChunk) -> None:
+        """The answer is complete (shared.protocol.done_chunk builds it)."""
+        self.send(encode_chunk(CHUNK_DONE, dumps(chunk)))
+
+    def error(self, frame: ErrorFrame) -> None:
+        """The job failed or was cancelled (shared.errors.error_frame builds the frame)."""
+        self.send(encode_chunk(CHUNK_ERROR, dumps(frame)))
+
     def control(self, kind: str, payload: str) -> None:
+        """Any other control chunk, its payload already encoded (e.g. a failover's
+        `started`, shared.protocol.encode_started)."""
         self.send(encode_chunk(kind, payload))

@@ -6,15 +6,21 @@ import json
 
 import pytest
 
-from shared.errors import InvalidRequest
+from shared.errors import InvalidRequest, RateLimited, error_frame
 from shared.protocol import (
     ChatFrame,
-    TokenFrame,
     decode_chunk,
+    done_chunk,
+    done_frame,
+    dumps,
+    encode_accepted,
     encode_chunk,
+    encode_pong,
+    encode_started,
     encode_token,
     frame_id,
     parse_client_frame,
+    parse_server_frame,
 )
 
 
@@ -72,6 +78,98 @@ def test_frame_id_is_recovered_from_invalid_frames() -> None:
 def test_token_encoding_matches_the_schema_and_chunks_round_trip() -> None:
     """encode_token produces a valid TokenFrame; chunk headers carry kind and seq."""
     raw = encode_token("c", 3, 'he said "hi" 你好')
-    assert TokenFrame.model_validate_json(raw).text == 'he said "hi" 你好'
+    assert parse_server_frame(raw) == {
+        "type": "token",
+        "id": "c",
+        "seq": 3,
+        "text": 'he said "hi" 你好',
+    }
     assert decode_chunk(encode_chunk("T", raw, 3)) == ("T", 3, raw)
     assert decode_chunk(encode_chunk("D", "{}")) == ("D", None, "{}")
+
+
+def test_accepted_and_pong_frames_parse_back_as_the_client_reads_them() -> None:
+    """`accepted` names the job (and the conversation when there is one); `pong` echoes the id."""
+    assert parse_server_frame(encode_accepted("c", "j1")) == {
+        "type": "accepted",
+        "id": "c",
+        "job_id": "j1",
+    }
+    assert parse_server_frame(encode_accepted("c", "j1", "conv9")) == {
+        "type": "accepted",
+        "id": "c",
+        "job_id": "j1",
+        "conversation_id": "conv9",
+    }
+    assert parse_server_frame(encode_pong(None)) == {"type": "pong", "id": None}
+    assert parse_server_frame(encode_pong("p1")) == {"type": "pong", "id": "p1"}
+
+
+def test_error_frames_from_the_translator_parse_back_with_their_retry_hint() -> None:
+    """error_frame's output is a valid `error` frame; retry_after_ms travels only when set."""
+    frame = error_frame("c", RateLimited("slow down", retry_after_ms=250))
+    assert parse_server_frame(dumps(frame)) == {
+        "type": "error",
+        "id": "c",
+        "code": "rate_limited",
+        "message": "slow down",
+        "retry_after_ms": 250,
+    }
+    assert "retry_after_ms" not in parse_server_frame(dumps(error_frame(None, ValueError("x"))))
+
+
+def test_done_chunk_becomes_the_wire_done_frame_with_timings_instead_of_points() -> None:
+    """The worker's `done` keeps its fields and extras; the gateway's drops points and chunks,
+    takes the connection's chat id and adds timings, and a client validates it."""
+    usage = {"prompt_tokens": 3, "completion_tokens": 2}
+    chunk = done_chunk(
+        "old",
+        cached=False,
+        model="m",
+        finish_reason="stop",
+        usage={"prompt_tokens": 3, "completion_tokens": 2},
+        chunks=2,
+        points={"enqueued": 1.0},
+        extras={"route": "small", "conversation_id": "conv"},
+    )
+    assert json.loads(dumps(chunk)) == {
+        "type": "done",
+        "id": "old",
+        "cached": False,
+        "model": "m",
+        "finish_reason": "stop",
+        "usage": usage,
+        "chunks": 2,
+        "points": {"enqueued": 1.0},
+        "route": "small",
+        "conversation_id": "conv",
+    }
+    wire = parse_server_frame(dumps(done_frame(chunk, "new", {"queue": 1.5})))
+    assert wire == {
+        "type": "done",
+        "id": "new",
+        "cached": False,
+        "model": "m",
+        "finish_reason": "stop",
+        "usage": usage,
+        "route": "small",
+        "conversation_id": "conv",
+        "timings": {"queue": 1.5},
+    }
+
+
+def test_started_chunk_carries_the_start_time_and_a_failover_only_when_there_is_one() -> None:
+    """`started` is {"t": ...}, plus {"failover": {"from", "to"}} when the model changed."""
+    assert json.loads(encode_started(1.5)) == {"t": 1.5}
+    assert json.loads(encode_started(2.0, {"from": "a", "to": "b"})) == {
+        "t": 2.0,
+        "failover": {"from": "a", "to": "b"},
+    }
+
+
+def test_a_server_frame_the_client_does_not_know_is_refused_with_what_to_do() -> None:
+    """An unknown or malformed server frame raises ValueError telling the user to upgrade."""
+    with pytest.raises(ValueError, match="upgrade firsttoken"):
+        parse_server_frame('{"type": "telemetry", "id": "c"}')
+    with pytest.raises(ValueError, match="upgrade firsttoken"):
+        parse_server_frame('{"type": "token", "id": "c", "seq": "x", "text": 1}')
