@@ -49,6 +49,10 @@ class LoopRunner:
                 self._loop = loop
             return self._loop
 
+    @property
+    def started(self) -> bool:
+        return self._loop is not None
+
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run a coroutine on the process loop from a pool thread and wait for its result."""
         return self.submit(coro).result(timeout)
@@ -73,6 +77,8 @@ class LoopRunner:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
         if loop is None:
+            if asyncio.iscoroutine(cleanup):
+                cleanup.close()  # never started: nothing to clean up
             return
         if cleanup is not None:
 
