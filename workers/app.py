@@ -12,8 +12,8 @@ from typing import Any
 from celery import Celery
 from celery.app.amqp import AMQP
 from celery.signals import worker_init, worker_shutdown
-from kombu import Consumer
 from kombu.entity import Exchange, Queue
+from kombu.messaging import Consumer
 
 from shared.keys import (
     BULK_QUEUE,
@@ -52,7 +52,7 @@ class TaskConsumer(Consumer):
         return super()._basic_consume(queue, *args, **kwargs)
 
 
-class TaskAMQP(AMQP):
+class TaskAMQP(AMQP):  # type: ignore[misc]  # celery ships no annotations
     Consumer = TaskConsumer
 
 

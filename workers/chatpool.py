@@ -108,7 +108,7 @@ class TaskEventQueue:
 events = TaskEventQueue()
 
 
-class ChatPool(bootsteps.StartStopStep):
+class ChatPool(bootsteps.StartStopStep):  # type: ignore[misc]  # celery: no annotations
     """Worker bootstep: the chat queue's reader on the process loop (see the module docstring).
 
     Starts after the pool and before Celery's consumer, so the worker is warm and reading by
@@ -188,7 +188,7 @@ class ChatPool(bootsteps.StartStopStep):
         }
 
 
-class ChatTaskEvents(bootsteps.StartStopStep):
+class ChatTaskEvents(bootsteps.StartStopStep):  # type: ignore[misc]
     """Consumer bootstep: sends the chat pool's task events from the main thread, while the
     consumer's dispatcher has task events on (`-E`, or `celery control enable_events`)."""
 
