@@ -87,6 +87,10 @@ app.conf.update(
         PERSIST_MESSAGES_TASK: {"queue": BULK_QUEUE},
         SUMMARIZE_TASK: {"queue": SUMMARIZE_QUEUE},
     },
+    # Never prefork: each process has its one loop (workers/runtime.py), started at worker_init,
+    # which a forked child would not have. Threads start only when kombu hands the pool a
+    # task, so a chat worker (whose chats never pass through the pool) has none of them.
+    worker_pool="threads",
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=False,
     worker_send_task_events=False,

@@ -358,8 +358,6 @@ async def test_celery_itself_starts_the_same_chat_worker(
                 "worker",
                 "-Q",
                 "chat",
-                "-P",
-                "solo",
                 "-n",
                 f"chat0-{s.prefix}@%h",
                 "--without-gossip",
