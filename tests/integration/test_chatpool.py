@@ -11,6 +11,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ import pytest
 import websockets
 from kombu import Connection, Consumer, Queue
 
+from shared.keys import BULK_QUEUE, CHAT_TASK, Keys
+from shared.tasks import ChatJob, new_id, task_message
 from tests.integration.conftest import Client, Services, Stack, make_stack
 from workers.app import READ_ON_THE_LOOP, TaskConsumer
 
@@ -145,6 +148,46 @@ with app.connection() as conn:
     threading.Timer(seconds, lambda: setattr(recv, "should_stop", True)).start()
     recv.capture(limit=None, timeout=None, wakeup=False)
 """
+
+
+def test_a_chat_task_kombu_delivers_runs_the_same_way(
+    services: Services, migrated: str, tmp_path: Path
+) -> None:
+    """The Celery `chat` task stays registered: a worker that receives it through kombu (here
+    a bulk worker, the message sent to its queue by mistake) runs it on its loop, to `done`."""
+    with make_stack(services, migrated, tmp_path, workers=0, gateway=False) as s:
+        s.wait_worker("bulk", "bulk")
+        keys = Keys(s.prefix)
+        job_id = new_id()
+        now = time.time()
+        job = ChatJob(
+            job_id=job_id,
+            chat_id="kombu",
+            tenant_id="t",
+            key_id="k",
+            messages=[{"role": "user", "content": "through kombu"}],  # type: ignore[list-item]
+            max_tokens=8,
+            received_at=now,
+            enqueued_at=now,
+            deadline_at=now + 30,
+        )
+        with s.redis() as r:
+            pubsub = r.pubsub()
+            pubsub.subscribe(keys.job_channel(job_id))
+            r.lpush(
+                keys.queue_list(BULK_QUEUE),
+                task_message(
+                    CHAT_TASK, {"job": job.model_dump()}, queue=BULK_QUEUE, task_id=job_id
+                ),
+            )
+            kinds: list[str] = []
+            deadline = time.monotonic() + 30
+            while not {"D", "E"} & set(kinds) and time.monotonic() < deadline:
+                m = pubsub.get_message(timeout=0.5)
+                if m and m["type"] == "message":
+                    kinds.append(m["data"][:1])
+            pubsub.close()
+        assert kinds[0] == "S" and "T" in kinds and kinds[-1] == "D", kinds
 
 
 def test_kombu_reads_no_queue_of_the_loop_but_lists_it(services: Services) -> None:
