@@ -41,6 +41,7 @@ from kombu.asynchronous.timer import Entry
 from shared.heap import freeze_startup_objects
 from shared.keys import CHAT_QUEUE
 from shared.tasks import TaskCall
+from workers.app import SHUTDOWN_GRACE_S
 from workers.chat import HANDLERS, warm_chat_worker
 from workers.consumer import QueueConsumer, chat_consumer
 from workers.context import WorkerContext
@@ -49,8 +50,6 @@ from workers.lifecycle import lifecycle
 
 log = logging.getLogger(__name__)
 
-# Warm shutdown: how long chats already streaming get to finish.
-SHUTDOWN_GRACE_S = 30.0
 # How often the main thread sends the task events the loop queued (only while events are on).
 EVENTS_FLUSH_S = 0.2
 # The loop shares the GIL with the main thread and the embedding threads: a thread that wakes
