@@ -22,7 +22,8 @@ events are buffered in an unguarded list and flushed by the main thread's hub, a
 is a blocking round trip to the broker), so the loop never touches it. While task events are
 on, the loop appends each event to a deque and :class:`ChatTaskEvents`, a consumer bootstep,
 sends them from the main thread's hub every EVENTS_FLUSH_S. While they are off the loop reads
-one flag per chat and the main thread has no timer at all.
+one flag per chat; while the dispatcher is off altogether (`firsttoken worker` without
+`--events`) the main thread has no timer either.
 """
 
 from __future__ import annotations
@@ -215,26 +216,34 @@ class ChatTaskEvents(bootsteps.StartStopStep):  # type: ignore[misc]
         self._sync(c)
 
     def _sync(self, c: Any) -> None:
+        """Follow the dispatcher: the timer runs while it is enabled at all (worker heartbeats
+        or task events), since `control enable_events` (what Flower sends) only adds the
+        `task` group to an enabled dispatcher, which no callback reports."""
         dispatcher = c.event_dispatcher
-        events.on = bool(
-            dispatcher is not None
-            and dispatcher.enabled
-            and (not dispatcher.groups or "task" in dispatcher.groups)
-        )
-        if events.on and self._timer is None and self._hub is not None:
+        enabled = dispatcher is not None and bool(dispatcher.enabled)
+        self._follow_groups(dispatcher, enabled)
+        if enabled and self._timer is None and self._hub is not None:
             self._timer = self._hub.call_repeatedly(EVENTS_FLUSH_S, self._flush, c)
-        elif not events.on and self._timer is not None:
+        elif not enabled and self._timer is not None:
             self._timer.cancel()
             self._timer = None
             events.pending.clear()
 
+    @staticmethod
+    def _follow_groups(dispatcher: Any, enabled: bool) -> None:
+        events.on = enabled and (not dispatcher.groups or "task" in dispatcher.groups)
+
     def _flush(self, c: Any) -> None:
         dispatcher = c.event_dispatcher
+        if dispatcher is None:
+            events.on = False
+            events.pending.clear()
+            return
+        self._follow_groups(dispatcher, bool(dispatcher.enabled))
         pending = events.pending
         while pending:
             type_, fields = pending.popleft()
-            if dispatcher is not None:
-                dispatcher.send(type_, **fields)
+            dispatcher.send(type_, **fields)
 
     def stop(self, c: Any) -> None:
         self._flush(c)

@@ -41,8 +41,13 @@ def _celery(stack: Stack, *args: str, timeout: float = 60.0) -> str:
 
 
 def _inspect(stack: Stack, node: str, command: str) -> Any:
-    out = _celery(stack, "inspect", command, "-d", node, "-j", "-t", "10")
-    start = out.find("{")
+    """The node's answer; asked again while it does not answer yet (at most 30 s)."""
+    deadline = time.monotonic() + 30
+    while True:
+        out = _celery(stack, "inspect", command, "-d", node, "-j", "-t", "5")
+        start = out.find("{")
+        if start >= 0 or time.monotonic() > deadline:
+            break
     assert start >= 0, out
     return json.loads(out[start:])[node]
 
@@ -99,15 +104,40 @@ async def test_the_chat_pool_is_a_celery_worker_and_drains_on_control_shutdown(
         assert "warm shutdown: no new chats" in log and "still running" not in log, log[-3000:]
 
 
+@pytest.mark.parametrize("switch", ["flag", "control"])
 async def test_with_events_on_its_chats_reach_an_event_receiver(
-    services: Services, migrated: str, tmp_path: Path
+    services: Services, migrated: str, tmp_path: Path, switch: str
 ) -> None:
+    """`firsttoken worker --events`, or (what Flower does) `control enable_events` sent to a
+    worker whose dispatcher is on for its heartbeats."""
     with make_stack(services, migrated, tmp_path, workers=0) as s:
-        s.start(
-            "chat0", ["-m", "firsttoken", "worker", "--events", "--name", f"chat0-{s.prefix}@%h"]
-        )
+        name = f"chat0-{s.prefix}@%h"
+        if switch == "flag":
+            s.start("chat0", ["-m", "firsttoken", "worker", "--events", "--name", name])
+        else:
+            s.start(
+                "chat0",
+                [
+                    "-m",
+                    "celery",
+                    "-A",
+                    "workers.app",
+                    "worker",
+                    "-Q",
+                    "chat",
+                    "-n",
+                    name,
+                    "--without-mingle",
+                ],
+            )
         s.wait_ready()
         s.wait_worker("chat0")
+        if switch == "control":
+            # Announced to the gateways once warm, the worker starts Celery's consumer (and
+            # answers control commands) a moment later.
+            assert _inspect(s, _node("chat0", s), "ping") == {"ok": "pong"}
+            out = _celery(s, "control", "enable_events", "-d", _node("chat0", s), "-t", "10")
+            assert "task events enabled" in out, out
         receiver = await asyncio.create_subprocess_exec(
             sys.executable, "-c", RECEIVER, "12", env=s.env(), stdout=asyncio.subprocess.PIPE
         )
