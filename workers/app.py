@@ -41,8 +41,9 @@ class TaskConsumer(Consumer):
     """kombu's task consumer, less the reads of READ_ON_THE_LOOP's queues.
 
     Such a queue stays in the consumer's queue list (so `celery inspect active_queues` names
-    it, and `control cancel_consumer` removes it from there), but kombu never reads its Redis
-    lists: one reader per queue, and a chat never crosses kombu's thread. `_basic_consume` is
+    it), but kombu never reads its Redis lists: one reader per queue, and a chat never crosses
+    kombu's thread. (`control cancel_consumer chat` takes it off that list but does not stop the
+    chat pool's reader: `control shutdown` stops a chat worker.) `_basic_consume` is
     the one method through which kombu starts reading a queue (tests/integration/
     test_chatpool.py fails if a kombu upgrade changes that)."""
 
