@@ -29,6 +29,8 @@ one flag per chat; while the dispatcher is off altogether (`firsttoken worker` w
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import logging
 import sys
 import time
@@ -36,6 +38,7 @@ from collections import deque
 from typing import Any
 
 from celery import bootsteps
+from celery.worker import state as worker_state
 from kombu.asynchronous.hub import Hub
 from kombu.asynchronous.timer import Entry
 
@@ -51,6 +54,8 @@ from workers.lifecycle import lifecycle
 
 log = logging.getLogger(__name__)
 
+# How often a draining worker's main thread looks for a cold shutdown (a second signal).
+DRAIN_POLL_S = 0.2
 # How often the main thread sends the task events the loop queued (only while events are on).
 EVENTS_FLUSH_S = 0.2
 # The loop shares the GIL with the main thread and the embedding threads: a thread that wakes
@@ -164,9 +169,28 @@ class ChatPool(bootsteps.StartStopStep):  # type: ignore[misc]  # celery: no ann
             return
         if grace_s:
             log.warning("warm shutdown: no new chats; waiting up to %.0f s", grace_s)
-        left = lifecycle.runner.run(self._stop_reader(reader, grace_s))
+        done = lifecycle.runner.submit(self._stop_reader(reader, grace_s))
+        cancelled = False
+        try:
+            while True:
+                try:
+                    left = done.result(timeout=DRAIN_POLL_S)
+                    break
+                except concurrent.futures.TimeoutError:
+                    if worker_state.should_terminate and not cancelled:  # a cold shutdown
+                        cancelled = True
+                        self._cancel_now(reader)
+        except BaseException:  # the wait interrupted (Celery's hard shutdown raises here)
+            self._cancel_now(reader)
+            raise
         if left:
             log.warning("%d chats were still running at the end of the grace period", left)
+
+    @staticmethod
+    def _cancel_now(reader: QueueConsumer) -> None:
+        log.warning("cold shutdown: cancelling %d running chats", len(reader.running))
+        with contextlib.suppress(Exception):
+            lifecycle.runner.run(reader.drain(0.0), timeout=6.0)
 
     async def _stop_reader(self, reader: QueueConsumer, grace_s: float) -> int:
         reader.stop()
