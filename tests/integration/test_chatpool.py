@@ -8,20 +8,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import websockets
 from kombu import Connection, Consumer, Queue
 
+from firsttoken.procs import Child
 from shared.keys import BULK_QUEUE, CHAT_TASK, Keys
 from shared.tasks import ChatJob, new_id, task_message
 from tests.integration.conftest import Client, Services, Stack, make_stack
+from tests.support import child_env, python_cmd
 from workers.app import READ_ON_THE_LOOP, TaskConsumer
 
 # A chat that streams for about two seconds: long enough to shut the worker down under it.
@@ -178,6 +184,79 @@ with app.connection() as conn:
     threading.Timer(seconds, lambda: setattr(recv, "should_stop", True)).start()
     recv.capture(limit=None, timeout=None, wakeup=False)
 """
+
+
+def test_a_second_signal_during_the_grace_period_cancels_the_running_chat(
+    services: Services, tmp_path: Path
+) -> None:
+    """SIGTERM: warm shutdown (the chat goes on); SIGQUIT meanwhile: the chat is cancelled (its
+    error frame published) and the worker exits at once, not after the grace period."""
+    prefix = f"ftcold{uuid.uuid4().hex[:8]}"
+    keys = Keys(prefix)
+    env = child_env(
+        redis_url=services.redis_url,
+        redis_prefix=prefix,
+        database_url=f"sqlite+aiosqlite:///{tmp_path}/cold.db",
+        engine="sim",
+        sim_itl_ms="200",
+        sim_max_tokens="100",
+        cache_enabled="false",
+    )
+    worker = Child(
+        python_cmd("-m", "firsttoken", "worker", "--name", f"cold-{prefix}@%h"),
+        env,
+        tmp_path / "worker.log",
+    )
+    r = redis.Redis.from_url(services.redis_url, decode_responses=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not r.zrange(keys.worker_heartbeats("chat"), 0, -1):
+            assert worker.alive() and time.monotonic() < deadline, worker.tail()
+            time.sleep(0.1)
+        job_id = new_id()
+        now = time.time()
+        job = ChatJob(
+            job_id=job_id,
+            chat_id="cold",
+            tenant_id="t",
+            key_id="k",
+            messages=[{"role": "user", "content": "a long answer"}],  # type: ignore[list-item]
+            max_tokens=100,
+            received_at=now,
+            enqueued_at=now,
+            deadline_at=now + 60,
+        )
+        pubsub = r.pubsub()
+        pubsub.subscribe(keys.job_channel(job_id))
+        r.lpush(
+            keys.queue_list("chat"),
+            task_message(CHAT_TASK, {"job": job.model_dump()}, queue="chat", task_id=job_id),
+        )
+        kinds: list[str] = []
+        while "T" not in kinds:
+            m = pubsub.get_message(timeout=10)
+            assert m is not None, worker.tail()
+            if m["type"] == "message":
+                kinds.append(m["data"][:1])
+        os.killpg(worker.pid, signal.SIGTERM)
+        time.sleep(1.0)
+        assert worker.alive(), worker.tail()  # warm: the chat goes on
+        t0 = time.monotonic()
+        os.killpg(worker.pid, signal.SIGQUIT)
+        worker.popen.wait(15)
+        assert time.monotonic() - t0 < 10, worker.tail()
+        while (m := pubsub.get_message(timeout=1)) is not None:
+            if m["type"] == "message":
+                kinds.append(m["data"][:1])
+        pubsub.close()
+        assert kinds[-1] == "E" and "D" not in kinds, kinds
+        assert "cold shutdown: cancelling 1 running chats" in worker.output(), worker.tail()
+    finally:
+        worker.stop()
+        found = list(r.scan_iter(f"{prefix}:*"))
+        if found:
+            r.delete(*found)
+        r.close()
 
 
 def test_a_chat_task_kombu_delivers_runs_the_same_way(
