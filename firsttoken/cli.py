@@ -10,8 +10,6 @@ from collections.abc import Callable
 from shared.errors import ConfigError
 from shared.keys import BULK_QUEUE, CHAT_QUEUE, QUEUES
 
-CHAT_SWITCH_INTERVAL_S = 0.0005
-
 
 def _cmd_up(args: argparse.Namespace) -> int:
     from firsttoken.up import run_up
@@ -28,6 +26,41 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
     return main(argv)
 
 
+def worker_argv(
+    queues: list[str],
+    *,
+    concurrency: int,
+    name: str | None,
+    loglevel: str,
+    events: bool,
+) -> list[str]:
+    """`celery worker` arguments for a pool on `queues`.
+
+    A chat-only worker runs Celery's solo pool: kombu hands it no chats (workers/chatpool.py
+    reads the chat queue on the process loop), so a pool thread would only sit idle. Bulk and
+    summarize tasks block on the database and need real threads; a worker for chat and other
+    queues uses threads too. Worker heartbeats (what Flower counts a worker online by) are
+    sent only with `events`."""
+    solo = queues == [CHAT_QUEUE]
+    argv = [
+        "--quiet",
+        "worker",
+        "-Q",
+        ",".join(queues),
+        "-P",
+        "solo" if solo else "threads",
+        "-c",
+        str(1 if solo else concurrency),
+        "-n",
+        name or f"{'-'.join(queues)}@%h",
+        "-l",
+        loglevel,
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    return [*argv, "-E"] if events else [*argv, "--without-heartbeat"]
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     from shared.settings import get_settings
 
@@ -40,85 +73,35 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    # Chat tasks only hand the job to the process's asyncio loop (see workers/chat.py), so
-    # the solo pool serves them with one thread hop; bulk tasks block on the database and
-    # need real threads. A worker for both queues uses threads.
-    solo = queues == [CHAT_QUEUE]
-    concurrency = 1 if solo else args.concurrency or settings.bulk_concurrency
-    if solo and args.concurrency:
+    if args.concurrency is not None and args.concurrency < 1:
+        print("error: --concurrency must be at least 1", file=sys.stderr)
+        return 2
+    chat = CHAT_QUEUE in queues
+    if chat and args.concurrency:
         os.environ["FIRSTTOKEN_CHAT_CONCURRENCY"] = str(args.concurrency)
         get_settings.cache_clear()
-    if CHAT_QUEUE not in queues and settings.background_nice and hasattr(os, "nice"):
+    if not chat and settings.background_nice and hasattr(os, "nice"):
         # Low-priority work at low CPU priority: on a shared host the bulk and summarize pools
         # run in the time the chat path leaves idle (their queues absorb the wait).
         os.nice(settings.background_nice)
         _lower_session_priority(settings.background_nice)
-    if solo and args.pool == "asyncio":
-        sys.setswitchinterval(CHAT_SWITCH_INTERVAL_S)  # the loop shares the GIL with embeddings
-        return _serve_chat(args, get_settings().chat_concurrency)
     from workers.app import app
 
-    if solo:
-        # Two threads share the GIL here: kombu's consumer and the chat loop. A thread that
-        # wakes for a new chat waits for the other to release the GIL, up to the switch
-        # interval (5 ms by default), in front of every first token.
-        sys.setswitchinterval(CHAT_SWITCH_INTERVAL_S)
+    if queues == [CHAT_QUEUE]:
         # Chat tasks are acked on receipt and never redelivered (a late answer is a wrong
-        # answer), so kombu's unacked bookkeeping would only add Redis round trips in front of
-        # every chat. Bulk workers keep it: their acks_late is what makes writes durable.
+        # answer), and kombu reads no queue here: its unacked bookkeeping would only add
+        # Redis round trips. Bulk workers keep it: their acks_late makes writes durable.
         app.conf.broker_transport_options = {
             **app.conf.broker_transport_options,
             "ack_emulation": False,
         }
-
-    name = args.name or f"{'-'.join(queues)}@%h"
     app.worker_main(
-        argv=[
-            "--quiet",
-            "worker",
-            "-Q",
-            ",".join(queues),
-            "-P",
-            "solo" if solo else "threads",
-            "-c",
-            str(concurrency),
-            "-n",
-            name,
-            "-l",
-            args.loglevel,
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ]
-    )
-    return 0
-
-
-def _serve_chat(args: argparse.Namespace, concurrency: int) -> int:
-    """The chat queue on the asyncio pool (workers/consumer.py): no Celery thread hops."""
-    import logging
-
-    import uvloop
-    from celery.utils.nodenames import host_format
-
-    from shared.keys import CHAT_QUEUE
-    from workers.app import SHUTDOWN_GRACE_S
-    from workers.chat import HANDLERS, warm_chat_worker
-    from workers.consumer import serve
-    from workers.deferred import deferred
-
-    logging.basicConfig(
-        level=args.loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
-    )
-    uvloop.run(
-        serve(
-            name=host_format(args.name or f"{CHAT_QUEUE}@%h"),
-            queue=CHAT_QUEUE,
-            handlers=HANDLERS,
-            concurrency=concurrency,
-            shutdown_grace_s=SHUTDOWN_GRACE_S,
-            warm=warm_chat_worker,
-            after_read=deferred.after_read,
+        argv=worker_argv(
+            queues,
+            concurrency=args.concurrency or settings.bulk_concurrency,
+            name=args.name,
+            loglevel=args.loglevel,
+            events=args.events,
         )
     )
     return 0
@@ -202,29 +185,41 @@ def build_parser() -> argparse.ArgumentParser:
         help="share the port with other gateway processes on this host (SO_REUSEPORT)",
     )
 
-    p = add("worker", _cmd_worker, "Run one Celery worker process for the given queues.")
+    p = add(
+        "worker",
+        _cmd_worker,
+        "Run one Celery worker process for the given queues (`celery -A workers.app worker`).",
+    )
     p.add_argument(
         "--queues",
         default=CHAT_QUEUE,
-        help=f"comma-separated queues: {CHAT_QUEUE} (interactive), {BULK_QUEUE} (writes)",
+        help=f"comma-separated queues: {', '.join(QUEUES)} (default {CHAT_QUEUE}); "
+        f"{CHAT_QUEUE} is interactive, {BULK_QUEUE} durable writes",
     )
     p.add_argument(
         "--concurrency",
         type=int,
         default=None,
-        help="chats in flight (chat queue; default FIRSTTOKEN_CHAT_CONCURRENCY) or threads "
-        "(bulk; default FIRSTTOKEN_BULK_CONCURRENCY)",
+        help="chats in flight on a chat worker (default FIRSTTOKEN_CHAT_CONCURRENCY), or "
+        "threads of a bulk or summarize worker (default FIRSTTOKEN_BULK_CONCURRENCY)",
     )
     p.add_argument(
-        "--pool",
-        choices=("asyncio", "celery"),
-        default="asyncio",
-        help="how a chat-only worker runs: asyncio (default; the chat queue read straight into "
-        "the process's event loop, see workers/consumer.py) or celery (a Celery worker whose "
-        "solo pool hands each chat to that loop). Workers of other queues always run Celery.",
+        "--name",
+        default=None,
+        help="Celery node name, as `celery inspect` shows it (default QUEUES@hostname; "
+        "%%h is the host name)",
     )
-    p.add_argument("--name", default=None, help="worker node name (default QUEUES@hostname)")
-    p.add_argument("--loglevel", default="warning", help="Celery log level (default warning)")
+    p.add_argument(
+        "--loglevel",
+        default="warning",
+        help="Celery log level: debug, info, warning (default), error",
+    )
+    p.add_argument(
+        "--events",
+        action="store_true",
+        help="send task events and worker heartbeats (Celery's -E), for Flower or "
+        "`celery events`; off by default",
+    )
 
     add("migrate", _cmd_migrate, "Apply database migrations (FIRSTTOKEN_DATABASE_URL).")
 

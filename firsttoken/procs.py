@@ -72,6 +72,19 @@ def gateway_args(port: int, count: int = 1) -> dict[str, list[str]]:
     return {f"gateway{i}": [*args, "--reuse-port"] for i in range(count)}
 
 
+def worker_args(
+    queues: str, *, name: str | None = None, concurrency: int | None = None
+) -> list[str]:
+    """Python arguments of one worker process on `queues` (comma-separated): a Celery worker,
+    `firsttoken worker` (see firsttoken/cli.py), the chat pool included."""
+    args = ["-m", "firsttoken", "worker", "--queues", queues]
+    if name is not None:
+        args += ["--name", name]
+    if concurrency is not None:
+        args += ["--concurrency", str(concurrency)]
+    return args
+
+
 def stop_all(children: list[Child]) -> None:
     """Stop every child in turn. Interrupted meanwhile (a second Ctrl-C or SIGTERM, raised as
     KeyboardInterrupt), it kills the rest at once instead of leaving them running, and raises

@@ -15,6 +15,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from firsttoken.procs import worker_args
+from shared.keys import BULK_QUEUE, CHAT_QUEUE, SUMMARIZE_QUEUE
 from shared.settings import ENV_PREFIX, load_settings
 
 STATE_DIR = Path(".firsttoken")
@@ -115,18 +117,14 @@ def run_up(port: int | None = None, host: str | None = None) -> int:
             env=env,
             start_new_session=True,
         )
-        procs["worker-chat"] = subprocess.Popen(
-            [py, "-m", "firsttoken", "worker", "--queues", "chat"], env=env, start_new_session=True
-        )
-        procs["worker-bulk"] = subprocess.Popen(
-            [py, "-m", "firsttoken", "worker", "--queues", "bulk"], env=env, start_new_session=True
-        )
-        # Conversation summaries: low priority, so a pool of their own never delays writes.
-        procs["worker-summarize"] = subprocess.Popen(
-            [py, "-m", "firsttoken", "worker", "--queues", "summarize", "--concurrency", "2"],
-            env=env,
-            start_new_session=True,
-        )
+        # One Celery worker per queue; conversation summaries are low priority, so a pool of
+        # their own never delays writes.
+        for queue, concurrency in ((CHAT_QUEUE, None), (BULK_QUEUE, None), (SUMMARIZE_QUEUE, 2)):
+            procs[f"worker-{queue}"] = subprocess.Popen(
+                [py, *worker_args(queue, concurrency=concurrency)],
+                env=env,
+                start_new_session=True,
+            )
         shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
         _wait_ready(f"http://{shown_host}:{port}/readyz", procs)
         ws_url = f"ws://{shown_host}:{port}/v1/ws"

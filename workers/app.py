@@ -1,7 +1,8 @@
-"""The Celery app: queues `chat` (interactive) and `bulk` (durable writes).
+"""The Celery app: queues `chat` (interactive), `bulk` (durable writes) and `summarize`.
 
-Start a pool per queue: `firsttoken worker --queues chat` (threads pool, many chats per process)
-and `firsttoken worker --queues bulk`.
+Start a pool per queue, each a Celery worker: `celery -A workers.app worker -Q chat` (what
+`firsttoken worker --queues chat` runs; the chat queue is read on the process loop by
+workers/chatpool.py's bootstep, many chats per process), `-Q bulk` and `-Q summarize`.
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
+from celery.app.amqp import AMQP
 from celery.signals import worker_init, worker_shutdown
 from kombu.entity import Exchange, Queue
+from kombu.messaging import Consumer
 
 from shared.keys import (
     BULK_QUEUE,
@@ -27,13 +30,38 @@ from shared.redis.address import celery_broker_url
 from shared.settings import get_settings
 
 settings = get_settings()
+# Warm shutdown: how long work already on the process loop gets to finish.
 SHUTDOWN_GRACE_S = 30.0
 keys = Keys(settings.redis_prefix)
+# Queues whose messages no kombu consumer reads: workers/chatpool.py reads them on the loop.
+READ_ON_THE_LOOP = frozenset({CHAT_QUEUE})
+
+
+class TaskConsumer(Consumer):
+    """kombu's task consumer, less the reads of READ_ON_THE_LOOP's queues.
+
+    Such a queue stays in the consumer's queue list (so `celery inspect active_queues` names
+    it), but kombu never reads its Redis lists: one reader per queue, and a chat never crosses
+    kombu's thread. (`control cancel_consumer chat` takes it off that list but does not stop the
+    chat pool's reader: `control shutdown` stops a chat worker.) `_basic_consume` is
+    the one method through which kombu starts reading a queue (tests/integration/
+    test_chatpool.py fails if a kombu upgrade changes that)."""
+
+    def _basic_consume(self, queue: Queue, *args: Any, **kwargs: Any) -> Any:
+        if queue.name in READ_ON_THE_LOOP:
+            return None
+        return super()._basic_consume(queue, *args, **kwargs)
+
+
+class TaskAMQP(AMQP):  # type: ignore[misc]  # celery ships no annotations
+    Consumer = TaskConsumer
+
 
 app = Celery(
     "firsttoken",
     broker=celery_broker_url(settings.redis_url),
     include=["workers.chat", "workers.persist", "workers.summarize"],
+    amqp=TaskAMQP,
 )
 app.conf.update(
     broker_transport_options={
@@ -60,6 +88,10 @@ app.conf.update(
         PERSIST_MESSAGES_TASK: {"queue": BULK_QUEUE},
         SUMMARIZE_TASK: {"queue": SUMMARIZE_QUEUE},
     },
+    # Never prefork: each process has its one loop (workers/runtime.py), started at worker_init,
+    # which a forked child would not have. Threads start only when kombu hands the pool a
+    # task, so a chat worker (whose chats never pass through the pool) has none of them.
+    worker_pool="threads",
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=False,
     worker_send_task_events=False,
@@ -67,28 +99,24 @@ app.conf.update(
 )
 
 
+# The chat pool (workers/chatpool.py): included only in a worker that consumes the chat queue.
+app.steps["worker"].add("workers.chatpool:ChatPool")
+app.steps["consumer"].add("workers.chatpool:ChatTaskEvents")
+
+
 # Celery connects signal handlers by weak reference: these must be module-level functions.
 @worker_init.connect
-def _start_loop(sender: Any = None, **_: Any) -> None:
-    from workers.context import configure, get_context
-    from workers.runtime import runner
+def _start_process(sender: Any = None, **_: Any) -> None:
+    """Before any task or bootstep: the loop, Redis, the cancel listener (workers/lifecycle.py)."""
+    from workers.lifecycle import lifecycle
 
     queues = tuple(sorted(app.amqp.queues.consume_from or app.amqp.queues))
-    # A chat worker's heartbeat waits for its warm-up (workers/chat.py, _warm_on_start).
-    configure(
-        getattr(sender, "hostname", None) or "worker",
-        queues,
-        announce_at_start=CHAT_QUEUE not in queues,
-    )
-    # Start the loop, Redis pool, cancel listener (and heartbeat) before the first task.
-    runner.run(get_context())
+    lifecycle.start(getattr(sender, "hostname", None) or "worker", queues)
 
 
 @worker_shutdown.connect
-def _stop_loop(**_: Any) -> None:
-    from workers.context import close_context
-    from workers.runtime import runner
+def _stop_process(**_: Any) -> None:
+    """After the pool has stopped (and the chat pool drained): close in reverse order."""
+    from workers.lifecycle import lifecycle
 
-    # Warm shutdown: chats already streaming get a grace period to finish.
-    runner.drain(timeout=SHUTDOWN_GRACE_S)
-    runner.stop(close_context())
+    lifecycle.stop(grace_s=SHUTDOWN_GRACE_S)

@@ -23,7 +23,7 @@ from shared.embeddings.factory import make_embedder
 from shared.protocol import done_chunk
 from shared.settings import Settings
 from shared.tasks import ChatJob
-from workers.context import WorkerContext, get_context
+from workers.context import WorkerContext
 from workers.publish import JobPublisher
 
 log = logging.getLogger(__name__)
@@ -289,10 +289,10 @@ async def lookup(
         return None, Lookup(tier="off")
 
 
-async def warm() -> None:
+async def warm(ctx: WorkerContext) -> None:
     """Load the embedding model and rebuild the index now (a worker's start-up)."""
     try:
-        stage = await get_stage(await get_context())
+        stage = await get_stage(ctx)
         if stage is not None and stage.embedder is not None:
             # onnxruntime's first run allocates and plans (several times a normal query):
             # spent here, not racing a first chat's engine.

@@ -1,16 +1,15 @@
 """The chat task: deadline and cancel check -> cache lookup ‖ retrieval -> engine -> publish.
 
-Runs on the `chat` queue with Celery's solo pool: the task hands the job to the process loop
-(workers.runtime) and returns at once, so one process streams many chats at once with a single
-thread hop between kombu and asyncio. A threads pool whose threads wait on the loop (the first
-design) measured 1.5-5 ms more queue time per chat here: two hops, and every hop waits on the
-GIL. `FIRSTTOKEN_CHAT_CONCURRENCY` slots bound the chats in flight; when all are taken the
-consumer blocks, so queued chats go to other worker processes.
+A chat worker is a Celery worker (`celery -A workers.app worker -Q chat`) whose chat queue is
+read by workers/chatpool.py's bootstep on the process loop (workers/runtime.py): each message
+becomes a task on that loop that runs :func:`run_chat`, with no thread between the queue read
+and the chat. `FIRSTTOKEN_CHAT_CONCURRENCY` slots bound the chats in flight; when all are
+taken the reader stops reading, so queued chats go to other worker processes.
 
 Nothing in front of the first token runs in series when it can run alongside: the cache
-lookup (an embedding, ~4 ms) races retrieval, and when retrieval is done first the engine
-request starts while the lookup finishes. A hit then aborts the engine request (it has spent a
-few ms of prefill); a miss has cost nothing.
+lookup (an embedding) races retrieval, and when retrieval is done first the engine request
+starts while the lookup finishes. A hit then aborts the engine request (it has spent a little
+prefill); a miss has cost nothing.
 """
 
 from __future__ import annotations
@@ -19,30 +18,26 @@ import asyncio
 import contextlib
 import functools
 import logging
-import threading
 import time
 from collections.abc import AsyncGenerator, Coroutine
 from typing import Any, TypeVar
-
-from celery.signals import worker_ready
 
 from shared.cache.policy import Query
 from shared.coalesce import Coalescer
 from shared.engines.base import Delta
 from shared.errors import Cancelled, DeadlineExceeded, FirstTokenError, error_frame
-from shared.heap import freeze_startup_objects
-from shared.keys import CHAT_QUEUE, CHAT_TASK
+from shared.keys import CHAT_TASK
 from shared.prompt import BuiltPrompt
 from shared.protocol import Usage, done_chunk
-from shared.settings import get_settings
 from shared.tasks import ChatJob, TaskCall
 from workers import cache_stage, retrieval
 from workers.app import app
 from workers.cache_stage import CacheStage, Lookup
-from workers.context import WorkerContext, announce, get_context
+from workers.context import WorkerContext
 from workers.db import database
 from workers.deferred import deferred
 from workers.generate import Generation, job_generation
+from workers.lifecycle import lifecycle
 from workers.publish import JobPublisher
 from workers.record import Outcome, record
 from workers.runtime import runner
@@ -51,7 +46,6 @@ from workers.stream import TokenStream
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_slots: threading.BoundedSemaphore | None = None
 # The `started` chunk's reply (with the queued-cancel flag) normally arrives in a round trip;
 # this long without it, Redis is gone and the chat ends with an error instead of waiting.
 QUEUED_CANCEL_WAIT_S = 5.0
@@ -59,36 +53,27 @@ QUEUED_CANCEL_WAIT_S = 5.0
 
 @app.task(name=CHAT_TASK, ignore_result=True, acks_late=False)
 def chat(job: dict[str, Any]) -> None:
-    """Interactive: acked on receipt, never retried (a late answer is a wrong answer)."""
-    global _slots
-    if _slots is None:
-        _slots = threading.BoundedSemaphore(get_settings().chat_concurrency)
-    _slots.acquire()
-    try:
-        future = runner.submit(run_chat(ChatJob.model_validate(job)))
-    except BaseException:
-        _slots.release()
-        raise
-    future.add_done_callback(lambda _: _slots.release() if _slots is not None else None)
+    """Interactive: acked on receipt, never retried (a late answer is a wrong answer).
+
+    Registered so the gateway can enqueue it by name; a chat worker reads the chat queue
+    itself (workers/chatpool.py) and never receives it through kombu. A worker that does
+    (one started on the queue some other way) runs it on the same loop, the same way."""
+    runner.run(run_chat(ChatJob.model_validate(job)))
 
 
 async def chat_call(call: TaskCall) -> None:
-    """The same task for the asyncio pool (workers/consumer.py), already on the loop."""
+    """The chat task as the chat queue's reader runs it, on the process loop."""
     await run_chat(ChatJob.model_validate(call.kwargs["job"]))
 
 
 HANDLERS = {CHAT_TASK: chat_call}
 
 
-async def warm_chat_worker() -> None:
-    """Before the first chat, on either pool: tokenizers, engine clients, the database pool, the
-    embedding model and the cache index."""
-    from shared.modeltable import model_table
-
-    settings = get_settings()
-    models = model_table(settings)
-    retrieval.warm_up(settings, models)
-    ctx = await get_context()
+async def warm_chat_worker(ctx: WorkerContext) -> None:
+    """Before the first chat: tokenizers, engine clients, the database pool, the embedding
+    model and the cache index."""
+    models = ctx.models
+    retrieval.warm_up(ctx.settings, models)
     for spec in models:  # engine clients (and the SDK's imports) now, not on a first chat
         ctx.engine_for(spec)
     try:
@@ -97,28 +82,11 @@ async def warm_chat_worker() -> None:
             await retrieval.warm_queries()
     except Exception as exc:  # noqa: BLE001 - chats work without the database; it may be down
         log.warning("database not reachable at start-up (%s); chats go on without it", exc)
-    await cache_stage.warm()
-
-
-# Celery connects signal handlers by weak reference: a module-level function.
-@worker_ready.connect
-def _warm_on_start(**_: object) -> None:
-    """The Celery pool's start-up (the asyncio pool calls warm_chat_worker itself)."""
-    from workers import context
-
-    if CHAT_QUEUE in context._queues:
-        runner.submit(_warm_and_announce()).add_done_callback(lambda _: freeze_startup_objects())
-
-
-async def _warm_and_announce() -> None:
-    try:
-        await warm_chat_worker()
-    finally:  # a worker whose warm-up failed still serves chats (slower at first)
-        await announce()
+    await cache_stage.warm(ctx)
 
 
 async def run_chat(job: ChatJob) -> None:
-    await ChatRun(await get_context(), job).run()
+    await ChatRun(await lifecycle.context(), job).run()
 
 
 class ChatRun:

@@ -1,14 +1,16 @@
-"""The chat queue read straight into the worker's asyncio loop: the `asyncio` pool.
+"""The chat queue read straight into the worker's asyncio loop.
 
-Under a Celery worker every chat crosses two threads before it reaches the process loop:
-kombu's consumer thread (BRPOP, decode, a Request, the pool) and then
-`run_coroutine_threadsafe`, each hop waiting for the GIL and a core that the streaming chats
-are also using. This consumer reads the same kombu Redis lists (the same messages the gateway
-and Celery's own producer write, base64 body or not) with one BRPOP connection on the loop and
-starts each chat as a task on it. The semantics are the Celery chat task's: a message is
-removed from the queue on receipt (chat tasks are never redelivered: a late answer is a wrong
-answer), at most `concurrency` chats run at once (no BRPOP while every slot is taken, so the
-other workers get the work), and a warm shutdown stops reading, then lets running chats finish.
+A chat worker is a Celery worker; workers/chatpool.py's bootstep runs this consumer on the
+process loop instead of letting kombu read the chat queue. Through kombu every chat would cross
+two threads before it reached the loop: kombu's consumer (BRPOP, decode, a Request, the pool)
+and then `run_coroutine_threadsafe`, each hop waiting for the GIL and a core that the streaming
+chats are also using. This consumer reads the same kombu Redis lists (the same messages the
+gateway and Celery's own producer write, base64 body or not) with one BRPOP connection on the
+loop and starts each chat as a task on it. The semantics are the Celery chat task's: a message
+is removed from the queue on receipt (chat tasks are never redelivered: a late answer is a
+wrong answer), at most `concurrency` chats run at once (no BRPOP while every slot is taken, so
+the other workers get the work), and a warm shutdown stops reading, then lets running chats
+finish.
 
 One read takes up to `batch` waiting messages (never more than the free slots) in one round
 trip: a BRPOP pipelined with a short script that pops up to `batch - 1` more, which Redis runs
@@ -20,8 +22,6 @@ The reads go out on the consumer's own connection (shared/redis/connection.py) a
 packed once, and their replies are parsed by its hiredis reader straight off the socket:
 redis-py's client would take a pooled connection, pack the commands and run its reply
 machinery on every read, on the path of every chat (docs/benchmarks.md has the cost).
-
-`firsttoken worker --queues chat --pool celery` runs the Celery worker instead.
 """
 
 from __future__ import annotations
@@ -29,21 +29,40 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import signal
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Protocol
 
 from kombu.transport.redis import PRIORITY_STEPS, Channel
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from shared.heap import FirstUse, freeze_startup_objects
+from shared.heap import FirstUse
+from shared.keys import CHAT_QUEUE, Keys
 from shared.redis.address import RedisAddress
 from shared.redis.connection import RedisConnection
 from shared.redis.resp import pack
+from shared.settings import Settings
 from shared.tasks import TaskCall, parse_task_message
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[TaskCall], Awaitable[None]]
+
+
+class TaskEvents(Protocol):
+    """Where a consumer reports its tasks as Celery's task events (workers/chatpool.py).
+
+    `on` is read once per task: while it is False nothing else is called."""
+
+    on: bool
+
+    def received(self, call: TaskCall) -> None: ...
+
+    def started(self, call: TaskCall) -> None: ...
+
+    def succeeded(self, call: TaskCall, runtime: float) -> None: ...
+
+    def failed(self, call: TaskCall, exc: BaseException, runtime: float) -> None: ...
 
 
 def priority_lists(list_key: str) -> list[str]:
@@ -86,10 +105,12 @@ class QueueConsumer:
         first_use: FirstUse | None = None,
         after_read: Callable[[bool], None] | None = None,
         client_name: str = "firsttoken-chat-queue",
+        events: TaskEvents | None = None,
     ) -> None:
         """`after_read`, if given, is called after each read's chats took their first steps,
         with whether the read came back full (more than one asked for and all of them came:
-        more chats are likely waiting); see workers/deferred.py."""
+        more chats are likely waiting); see workers/deferred.py. `events`, if given, hears
+        of every task while its `on` is set."""
         self._address = RedisAddress.from_url(redis_url)
         self._client_name = client_name
         self._lists = list(lists)
@@ -99,9 +120,11 @@ class QueueConsumer:
         self._batch = max(1, batch)
         self._first_use = first_use
         self._after_read = after_read
+        self._events = events
+        self.concurrency = concurrency
         self._stopping = False
         self._waiting_for_slot = False
-        self._reader: asyncio.Task[None] | None = None
+        self._read_task: asyncio.Task[None] | None = None
         self.running: set[asyncio.Task[None]] = set()
         self.started = 0  # tasks started so far
         # The reads' own connection (opened on the first read, again after a failure) and
@@ -116,7 +139,7 @@ class QueueConsumer:
 
     async def run(self) -> None:
         """Read until `stop()`. A message already popped is always started, never dropped."""
-        self._reader = asyncio.current_task()
+        self._read_task = asyncio.current_task()
         backoff = 0.1
         try:
             while not self._stopping:
@@ -156,7 +179,7 @@ class QueueConsumer:
             if not self._stopping:
                 raise
         finally:
-            self._reader = None
+            self._read_task = None
             await self.aclose()
 
     async def _pop(self, count: int) -> list[bytes | str]:
@@ -239,12 +262,27 @@ class QueueConsumer:
             self._first_use.started()
         task.add_done_callback(self._finished)
 
-    @staticmethod
-    async def _run_one(handler: Handler, call: TaskCall) -> None:
+    async def _run_one(self, handler: Handler, call: TaskCall) -> None:
+        events = self._events
+        if events is None or not events.on:
+            try:
+                await handler(call)
+            except Exception:
+                log.exception("task %s[%s] failed", call.name, call.task_id)
+            return
+        events.received(call)
+        events.started(call)
+        began = time.monotonic()
         try:
             await handler(call)
-        except Exception:
+        except Exception as exc:
+            events.failed(call, exc, time.monotonic() - began)
             log.exception("task %s[%s] failed", call.name, call.task_id)
+        except BaseException as exc:  # cancelled (a cold shutdown): reported, then re-raised
+            events.failed(call, exc, time.monotonic() - began)
+            raise
+        else:
+            events.succeeded(call, time.monotonic() - began)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self.running.discard(task)
@@ -253,8 +291,8 @@ class QueueConsumer:
     def stop(self) -> None:
         """Stop reading (after the BRPOP in progress, if any); running tasks go on."""
         self._stopping = True
-        if self._waiting_for_slot and self._reader is not None:
-            self._reader.cancel()
+        if self._waiting_for_slot and self._read_task is not None:
+            self._read_task.cancel()
 
     async def drain(self, grace_s: float) -> int:
         """Wait up to `grace_s` for running tasks; cancel and return how many were left."""
@@ -268,58 +306,27 @@ class QueueConsumer:
         return len(pending)
 
 
-async def serve(
+def chat_consumer(
+    settings: Settings,
+    keys: Keys,
+    handlers: Mapping[str, Handler],
     *,
     name: str,
-    queue: str,
-    handlers: Mapping[str, Handler],
-    concurrency: int,
-    shutdown_grace_s: float,
-    warm: Callable[[], Awaitable[None]] | None = None,
     after_read: Callable[[bool], None] | None = None,
-) -> None:
-    """Run one worker process on `queue` until SIGTERM or SIGINT (a second one: cold stop)."""
-    from shared.settings import get_settings
-    from workers import context
+    events: TaskEvents | None = None,
+) -> QueueConsumer:
+    """The chat queue's reader, created here and nowhere else.
 
-    context.configure(name, (queue,), announce_at_start=False)
-    ctx = await context.get_context()
-    settings = get_settings()
-    if warm is not None:
-        await warm()
-    freeze_startup_objects()
-    consumer = QueueConsumer(
+    The consumer opens its one read connection itself and closes it in
+    :meth:`QueueConsumer.aclose`."""
+    return QueueConsumer(
         settings.redis_url,
-        priority_lists(ctx.keys.queue_list(queue)),
+        priority_lists(keys.queue_list(CHAT_QUEUE)),
         handlers,
-        concurrency,
+        settings.chat_concurrency,
         batch=PICKUP_BATCH,
         first_use=FirstUse(),
         after_read=after_read,
         client_name=name,
+        events=events,
     )
-    loop = asyncio.get_running_loop()
-    signals = 0
-
-    def on_signal() -> None:
-        nonlocal signals
-        signals += 1
-        if signals == 1:
-            log.warning("warm shutdown: no new chats; waiting up to %.0f s", shutdown_grace_s)
-            consumer.stop()
-        else:
-            log.warning("cold shutdown: cancelling %d running chats", len(consumer.running))
-            for task in list(consumer.running):
-                task.cancel()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-    await context.announce()  # warm and reading: gateways may count this worker now
-    log.info("%s ready: %s with %d slots", name, queue, concurrency)
-    try:
-        await consumer.run()
-        left = await consumer.drain(shutdown_grace_s)
-        if left:
-            log.warning("%d chats were still running at the end of the grace period", left)
-    finally:
-        await context.close_context()

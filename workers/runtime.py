@@ -1,12 +1,14 @@
 """One long-lived asyncio loop per worker process, and the resources that live on it.
 
-Celery runs tasks on a threads pool; each task submits a coroutine to this loop and waits
-for it (`run_coroutine_threadsafe(...).result()`), so one process holds many concurrent
-generations and shares one Redis pool, one engine client and one DB pool. Never
-`asyncio.run()` per task: that would rebuild every pool per chat.
+A chat worker runs its chats on this loop directly: the chat queue's reader lives on it
+(workers/chatpool.py). Bulk and summarize tasks run on Celery's threads pool; each submits a
+coroutine to this loop and waits for it (`run_coroutine_threadsafe(...).result()`). So one
+process holds many concurrent generations and shares one Redis pool, one engine client and one
+DB pool. Never `asyncio.run()` per task: that would rebuild every pool per chat.
 
 The loop starts once, under a lock: lazy start-up from several pool threads at once races
-(seen as 20 s stalls and lost messages).
+(it was seen to stall for many seconds and lose messages). workers/lifecycle.py starts and
+stops it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ class LoopRunner:
                 self._loop = loop
             return self._loop
 
+    @property
+    def started(self) -> bool:
+        return self._loop is not None
+
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run a coroutine on the process loop from a pool thread and wait for its result."""
         return self.submit(coro).result(timeout)
@@ -73,6 +79,8 @@ class LoopRunner:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
         if loop is None:
+            if asyncio.iscoroutine(cleanup):
+                cleanup.close()  # never started: nothing to clean up
             return
         if cleanup is not None:
 

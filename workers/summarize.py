@@ -21,8 +21,9 @@ from shared.keys import SUMMARIZE_TASK
 from shared.modeltable import ModelSpec, ModelTable
 from shared.settings import Settings
 from workers.app import app
-from workers.context import WorkerContext, get_context
+from workers.context import WorkerContext
 from workers.db import database
+from workers.lifecycle import lifecycle
 from workers.runtime import runner
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ async def summarize_conversation(
 
 
 async def _run(conversation_id: str, tenant_id: str, upto: int) -> bool:
-    ctx = await get_context()
+    ctx = await lifecycle.context()
     try:
         return await summarize_conversation(ctx, conversation_id, tenant_id, upto)
     finally:

@@ -153,7 +153,7 @@ class Stack:
         wait_until(lambda: port_open(self.sim_port), 20, what="sim-server")
         self.settings.update(engine="openai", engine_url=f"http://127.0.0.1:{self.sim_port}/v1")
 
-    def start_worker(self, name: str, queues: str = "chat", pool: str = "asyncio") -> Child:
+    def start_worker(self, name: str, queues: str = "chat") -> Child:
         return self.start(
             name,
             [
@@ -162,8 +162,6 @@ class Stack:
                 "worker",
                 "--queues",
                 queues,
-                "--pool",
-                pool,
                 "--name",
                 f"{self._worker_name(name)}%h",
             ],
@@ -238,7 +236,6 @@ def make_stack(
     logs: Path,
     *,
     workers: int = 1,
-    pool: str = "asyncio",
     bulk: bool = True,
     sim_args: tuple[str, ...] = ("--ttft-ms", "20", "--itl-ms", "5", "--max-tokens", "32"),
     gateway: bool = True,
@@ -249,7 +246,7 @@ def make_stack(
     try:
         stack.start_sim(*sim_args)
         for i in range(workers):
-            stack.start_worker(f"chat{i}", pool=pool)
+            stack.start_worker(f"chat{i}")
         if bulk:
             stack.start_worker("bulk", "bulk")
         if gateway:

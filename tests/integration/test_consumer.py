@@ -1,5 +1,6 @@
-"""The asyncio pool's queue consumer (workers/consumer.py) on the machine's Redis: it reads what
-Celery's own producer writes, holds to its concurrency, and loses nothing when it stops."""
+"""The chat pool's queue consumer (workers/consumer.py) on the machine's Redis: it reads what
+Celery's own producer writes, holds to its concurrency, loses nothing when it stops, and reports
+its tasks as Celery task events only while those are on."""
 
 from __future__ import annotations
 
@@ -284,6 +285,68 @@ async def test_a_failing_task_frees_its_slot(prefixed: Prefixed) -> None:
     finally:
         consumer.stop()
         await asyncio.wait_for(reader, 5)
+
+
+class Events:
+    """A TaskEvents recorder (workers/chatpool.py's TaskEventQueue sends them to Celery)."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self.seen: list[tuple[str, str]] = []
+
+    def received(self, call: TaskCall) -> None:
+        self.seen.append(("received", call.task_id))
+
+    def started(self, call: TaskCall) -> None:
+        self.seen.append(("started", call.task_id))
+
+    def succeeded(self, call: TaskCall, runtime: float) -> None:
+        assert runtime >= 0
+        self.seen.append(("succeeded", call.task_id))
+
+    def failed(self, call: TaskCall, exc: BaseException, runtime: float) -> None:
+        assert isinstance(exc, RuntimeError) and runtime >= 0
+        self.seen.append(("failed", call.task_id))
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["events-on", "events-off"])
+async def test_task_events_are_reported_only_while_on(prefixed: Prefixed, on: bool) -> None:
+    r, keys, url = prefixed
+    queue = keys.queue_list("chat")
+    done: list[str] = []
+
+    async def task(call: TaskCall) -> None:
+        done.append(call.task_id)
+        if call.kwargs.get("fail"):
+            raise RuntimeError("boom")
+
+    events = Events(on)
+    consumer = QueueConsumer(
+        url, priority_lists(queue), {"t.chat": task}, 1, poll_s=0.2, events=events
+    )
+    await r.lpush(queue, task_message("t.chat", {}, queue="chat", task_id="ok"))
+    await r.lpush(queue, task_message("t.chat", {"fail": True}, queue="chat", task_id="bad"))
+    reader = await _start(consumer)
+    try:
+        for _ in range(100):
+            if len(done) == 2 and not consumer.running:
+                break
+            await asyncio.sleep(0.05)
+        assert done == ["ok", "bad"]
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(reader, 5)
+    if on:
+        assert events.seen == [
+            ("received", "ok"),
+            ("started", "ok"),
+            ("succeeded", "ok"),
+            ("received", "bad"),
+            ("started", "bad"),
+            ("failed", "bad"),
+        ]
+    else:
+        assert events.seen == []
 
 
 async def test_reads_again_after_redis_restarts_and_stops_while_redis_is_gone(

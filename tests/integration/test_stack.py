@@ -342,19 +342,37 @@ def test_a_job_cancelled_while_queued_streams_nothing_and_leaves_no_engine_reque
     assert stack.sim_metric("firsttoken_sim_requests_finished_total") == finished
 
 
-async def test_the_celery_pool_runs_the_same_chats(
+async def test_celery_itself_starts_the_same_chat_worker(
     services: Any, migrated: str, tmp_path: Any
 ) -> None:
-    """`--pool celery` (a Celery worker's solo pool) answers from the same queue and messages:
-    tokens in order, `done`, and the usage row (sent as a batch) lands."""
-    with make_stack(services, migrated, tmp_path, pool="celery") as s:
+    """`celery -A workers.app worker -Q chat` (no firsttoken command around it) is the chat
+    worker: tokens in order, `done`, and the usage row (sent as a batch) lands."""
+    with make_stack(services, migrated, tmp_path, workers=0) as s:
+        s.start(
+            "chat0",
+            [
+                "-m",
+                "celery",
+                "-A",
+                "workers.app",
+                "worker",
+                "-Q",
+                "chat",
+                "-n",
+                f"chat0-{s.prefix}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+        )
+        s.wait_worker("chat0")
         s.wait_ready()
         async with websockets.connect(
             s.ws_url, additional_headers={"Authorization": f"Bearer {s.api_key}"}
         ) as ws:
             client = Client(ws)
             for chat_id in ("p1", "p2"):
-                await client.chat(chat_id, f"which pool answers {chat_id}?")
+                await client.chat(chat_id, f"which worker answers {chat_id}?")
             for chat_id in ("p1", "p2"):
                 job_id = (await client.next_for(chat_id))["job_id"]
                 tokens, done = await client.until_end(chat_id)

@@ -1,5 +1,6 @@
-"""The worker context's heartbeat on the machine's Redis: a chat worker is counted by gateways
-only once it announces itself (after its warm-up), a bulk worker from the start."""
+"""The worker lifecycle (workers/lifecycle.py) on the machine's Redis: a chat worker is counted
+by gateways only once it is ready (after its warm-up), a bulk worker from the start; a failed
+warm-up still announces; closing takes the worker out of its queues' counts."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import redis.asyncio as aioredis
 from shared.keys import Keys
 from shared.settings import get_settings
 from tests.integration.conftest import Services
-from workers import context
+from workers.context import WorkerContext
+from workers.lifecycle import WorkerLifecycle
+from workers.runtime import LoopRunner
 
 
 @pytest.fixture
@@ -30,7 +33,6 @@ def worker_env(
     try:
         yield keys
     finally:
-        context.configure("worker", ())
         get_settings.cache_clear()
 
 
@@ -50,27 +52,67 @@ async def _wait_for_beat(services: Services, keys: Keys, queue: str, name: str) 
     pytest.fail(f"{name} did not heartbeat for {queue}")
 
 
-async def test_a_chat_worker_is_counted_only_once_it_announces_itself(
+async def test_a_chat_worker_is_counted_only_once_it_is_ready(
     services: Services, worker_env: Keys
 ) -> None:
-    context.configure("chat-ctx@test", ("chat",), announce_at_start=False)
-    await context.get_context()
-    try:
+    lifecycle = WorkerLifecycle(LoopRunner())
+    warmed: list[WorkerContext] = []
+
+    async def warm(ctx: WorkerContext) -> None:
         await asyncio.sleep(0.3)  # six heartbeat periods
         assert not await _beats(services, worker_env, "chat", "chat-ctx@test")
-        await context.announce()
+        warmed.append(ctx)
+
+    ctx = await lifecycle.open("chat-ctx@test", ("chat",))
+    try:
+        assert await lifecycle.context() is ctx
+        await lifecycle.ready(warm)
+        assert warmed == [ctx]
         await _wait_for_beat(services, worker_env, "chat", "chat-ctx@test")
     finally:
-        await context.close_context()
+        await lifecycle.close()
     assert not await _beats(services, worker_env, "chat", "chat-ctx@test")
+
+
+async def test_a_chat_worker_whose_warm_up_failed_still_announces_itself(
+    services: Services, worker_env: Keys
+) -> None:
+    lifecycle = WorkerLifecycle(LoopRunner())
+
+    async def warm(ctx: WorkerContext) -> None:
+        raise RuntimeError("no model")
+
+    await lifecycle.open("chat-cold@test", ("chat",))
+    try:
+        await lifecycle.ready(warm)
+        await _wait_for_beat(services, worker_env, "chat", "chat-cold@test")
+    finally:
+        await lifecycle.close()
 
 
 async def test_a_bulk_worker_heartbeats_from_the_start(
     services: Services, worker_env: Keys
 ) -> None:
-    context.configure("bulk-ctx@test", ("bulk",))
-    await context.get_context()
+    lifecycle = WorkerLifecycle(LoopRunner())
+    await lifecycle.open("bulk-ctx@test", ("bulk",))
     try:
         await _wait_for_beat(services, worker_env, "bulk", "bulk-ctx@test")
     finally:
-        await context.close_context()
+        await lifecycle.close()
+    assert not await _beats(services, worker_env, "bulk", "bulk-ctx@test")
+
+
+def test_start_and_stop_from_a_celery_thread_run_on_the_process_loop(
+    services: Services, worker_env: Keys
+) -> None:
+    """What Celery's worker_init and worker_shutdown do: the loop starts with the context and
+    is gone after stop(); a stop before any start does nothing."""
+    runner = LoopRunner()
+    lifecycle = WorkerLifecycle(runner)
+    lifecycle.stop(grace_s=0.1)
+    assert not runner.started
+    ctx = lifecycle.start("sum-ctx@test", ("summarize",))
+    assert runner.started and ctx.name == "sum-ctx@test"
+    assert runner.run(lifecycle.context()) is ctx
+    lifecycle.stop(grace_s=1.0)
+    assert not runner.started
