@@ -73,10 +73,9 @@ async def fetch_keys(settings: Settings, tenant: str | None = None) -> list[KeyL
 
 async def revoke(settings: Settings, key_id: str) -> bool:
     """Revoke a key everywhere; False when no such key exists or it was already revoked."""
-    import redis.asyncio as aioredis
-
     from shared.db.apikeys import key_hash_of, revoke_key
     from shared.db.session import make_engine, make_sessionmaker
+    from shared.redis.client import redis_client
 
     engine = make_engine(settings.database_url)
     try:
@@ -91,7 +90,7 @@ async def revoke(settings: Settings, key_id: str) -> bool:
     # Even an already-revoked key gets its Redis state re-asserted: that is harmless and
     # repairs a Redis that was flushed since.
     keys = Keys(settings.redis_prefix)
-    client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+    client = redis_client(settings.redis_url, max_connections=1)
     try:
         async with client.pipeline(transaction=True) as pipe:
             pipe.set(keys.key_revoked(key_id), "1")

@@ -19,7 +19,6 @@ from gateway.state import Gateway
 from shared.db.session import ping as db_ping
 from shared.errors import FirstTokenError, Overloaded, Unauthorized, error_frame
 from shared.heap import freeze_startup_objects
-from shared.modeltable import model_table
 from shared.protocol import dumps
 from shared.settings import Settings, get_settings
 
@@ -129,7 +128,7 @@ async def list_models(request: Request) -> Response:
         )
     except FirstTokenError as exc:
         return JSONResponse({"error": error_frame(None, exc)}, status_code=401)
-    return JSONResponse(model_table(gw.settings).public())
+    return JSONResponse(gw.models.public())
 
 
 def create_app(settings: Settings | None = None) -> Starlette:

@@ -29,7 +29,7 @@ from shared.engines.base import Delta, Engine, EngineRequest
 from shared.engines.deadlines import with_deadlines
 from shared.errors import DeadlineExceeded, EngineError, FirstTokenError
 from shared.modeltable import ModelSpec, ModelTable
-from shared.protocol import CHUNK_STARTED, dumps
+from shared.protocol import CHUNK_STARTED, Failover, encode_started
 from shared.settings import Settings
 from shared.tasks import ChatJob
 
@@ -191,8 +191,8 @@ def job_generation(ctx: _Context, job: ChatJob, publisher: _Publisher) -> Genera
     """
 
     async def on_failover(failure: Failure, nxt: ModelSpec) -> None:
-        payload = {"t": time.time(), "failover": {"from": failure.model, "to": nxt.name}}
-        publisher.control(CHUNK_STARTED, dumps(payload))
+        failover: Failover = {"from": failure.model, "to": nxt.name}
+        publisher.control(CHUNK_STARTED, encode_started(time.time(), failover))
 
     request = EngineRequest(
         messages=job.messages,

@@ -37,8 +37,10 @@ from shared.protocol import (
     CHUNK_DONE,
     CHUNK_STARTED,
     CHUNK_TOKEN,
+    done_chunk,
     dumps,
     encode_chunk,
+    encode_started,
     encode_token,
 )
 from shared.redis.client import redis_client
@@ -154,24 +156,23 @@ class ProducerJob:
 
     def started(self, wall: float, ttl: int) -> bytes:
         """The `started` chunk and the replay stream's expiry (JobPublisher.start)."""
-        message = encode_chunk(CHUNK_STARTED, dumps({"t": wall})).encode()
+        message = encode_chunk(CHUNK_STARTED, encode_started(wall)).encode()
         self.points["worker_start"] = wall
         return self.command(message) + resp("EXPIRE", self._stream, ttl)
 
     def done(self, wall: float, model: str, prompt_tokens: int) -> bytes:
-        """The `done` control chunk, shaped as workers/chat.py `_finish` builds it."""
+        """The `done` control chunk, built as the chat worker builds it."""
         self.points["finished"] = wall
-        frame = {
-            "type": "done",
-            "id": self.chat_id,
-            "cached": False,
-            "model": model,
-            "finish_reason": "length",
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": sum(self.sizes)},
-            "chunks": self.sent,
-            "points": self.points,
-        }
-        return self.command(encode_chunk(CHUNK_DONE, dumps(frame)).encode())
+        chunk = done_chunk(
+            self.chat_id,
+            cached=False,
+            model=model,
+            finish_reason="length",
+            usage={"prompt_tokens": prompt_tokens, "completion_tokens": sum(self.sizes)},
+            chunks=self.sent,
+            points=self.points,
+        )
+        return self.command(encode_chunk(CHUNK_DONE, dumps(chunk)).encode())
 
 
 def parse_task(raw: str | bytes) -> dict[str, Any]:

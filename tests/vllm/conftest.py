@@ -33,7 +33,7 @@ MODEL_DIR = Path(
 )
 SERVED = "tiny"
 MAX_MODEL_LEN = 16384
-# A cold start measured 36-48 s here; 2 cores shared with other test processes can double it.
+# A cold start takes tens of seconds; 2 cores shared with other test processes can double it.
 STARTUP_S = 240
 
 

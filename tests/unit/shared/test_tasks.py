@@ -66,7 +66,7 @@ def test_parse_reads_back_what_task_message_wrote() -> None:
 
 def test_non_ascii_text_reads_back_the_same_for_kombu_and_for_the_consumer() -> None:
     """Bodies carry non-ASCII as UTF-8 (no \\u escapes): kombu's JSON decoder (the Celery pool)
-    and parse_task_message (the asyncio pool) both read the text back unchanged."""
+    and parse_task_message (the chat queue's reader) both read the text back unchanged."""
     text = "Grüße aus 北京 🙂"
     raw = task_message("firsttoken.chat", {"job": {"q": text}}, queue="chat", task_id="abc")
     assert text in raw
