@@ -35,6 +35,7 @@ from tests.support import (
     postgres_database,
     python_cmd,
     redis_available,
+    throwaway_redis_server,
     wait_until,
 )
 
@@ -333,3 +334,16 @@ async def connect(stack: Stack) -> AsyncIterator[Any]:
     yield _connect
     for ws in opened:
         await ws.close()
+
+
+@pytest.fixture
+def password_redis(tmp_path: Path) -> Iterator[int]:
+    """A throwaway redis-server that wants the password `s3cret` (skipped where there is no
+    binary); yields its port."""
+    port = free_port()
+    proc = throwaway_redis_server(port, tmp_path, "--requirepass", "s3cret")
+    try:
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,17 +45,6 @@ async def test_decoded_replies_are_str(services: Services) -> None:
         assert await conn.call("ECHO", "héllo") == "héllo"
     finally:
         await conn.aclose()
-
-
-@pytest.fixture
-def password_redis(tmp_path: Path) -> Iterator[int]:
-    port = free_port()
-    proc = throwaway_redis_server(port, tmp_path, "--requirepass", "s3cret")
-    try:
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 async def test_password_and_database_from_the_url(password_redis: int) -> None:

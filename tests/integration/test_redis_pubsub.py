@@ -7,15 +7,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
 
 from shared.redis.pubsub import Subscriber
 from tests.integration.conftest import Services
-from tests.support import free_port, throwaway_redis_server
 
 
 @pytest.fixture
@@ -131,18 +129,6 @@ async def test_killed_connection_comes_back_subscribed(
     finally:
         await subscriber.close()
     assert not subscriber.connected
-
-
-@pytest.fixture
-def password_redis(tmp_path: Path) -> Iterator[int]:
-    """A throwaway redis-server that wants a password (skipped where there is no binary)."""
-    port = free_port()
-    proc = throwaway_redis_server(port, tmp_path, "--requirepass", "s3cret")
-    try:
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 async def test_password_is_sent_and_a_wrong_one_is_not_retried_in_a_tight_loop(

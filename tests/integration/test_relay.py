@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
 from gateway.relay import Relay
 from tests.integration.conftest import Services
-from tests.support import free_port, throwaway_redis_server
 
 
 async def _until(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
@@ -44,17 +41,6 @@ async def test_starts_on_its_control_channel_and_fans_jobs_out(services: Service
     finally:
         await relay.close()
         await admin.aclose()
-
-
-@pytest.fixture
-def password_redis(tmp_path: Path) -> Iterator[int]:
-    port = free_port()
-    proc = throwaway_redis_server(port, tmp_path, "--requirepass", "s3cret")
-    try:
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 async def test_a_refused_start_says_why(password_redis: int) -> None:
