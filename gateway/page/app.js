@@ -171,7 +171,8 @@
       connState("connecting", `reconnecting in ${delay} ms…`);
       reconnectTimer = setTimeout(() => {
         reconnectTimer = null;
-        ensureSocket().catch(() => onClosed({ code: 1006 }));
+        // A failed attempt closes the socket, whose onclose schedules the next one.
+        ensureSocket().catch(() => {});
       }, delay);
     } else if (refused) {
       for (const chat of chats.values()) {
