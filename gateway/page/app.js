@@ -152,11 +152,16 @@
   }
 
   function onClosed(event) {
+    const running = [...chats.values()].some((c) => c.running);
     if (event.code === 1008) {
       refused = true;
       connState("refused", "refused");
-    } else {
+    } else if (running) {
       connState("closed", "disconnected");
+    } else {
+      // Nothing lost (the gateway closes idle sockets, or a new key was entered): the next
+      // question opens a new socket.
+      connState("idle", "not connected");
     }
     // Chats the gateway never accepted cannot be resumed: they have no job id.
     for (const chat of chats.values()) {
@@ -205,7 +210,8 @@
     }
     const chat = frame.id == null ? null : chats.get(frame.id);
     if (!chat) {
-      if (frame.type === "error") notice(`${frame.code}: ${frame.message}`);
+      const idle = frame.code === "timeout" && ![...chats.values()].some((c) => c.running);
+      if (frame.type === "error" && !idle) notice(`${frame.code}: ${frame.message}`);
       return;
     }
     switch (frame.type) {
