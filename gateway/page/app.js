@@ -223,7 +223,7 @@
         // A resumed answer may repeat what was already shown; seq says what is new.
         if (frame.seq <= chat.lastSeq) break;
         chat.lastSeq = frame.seq;
-        chat.answer.append(frame.text);
+        appendText(chat, frame.text);
         if (chat.firstAt === null) {
           chat.firstAt = performance.now();
           badge(chat, "ttft", `TTFT ${ms(chat.firstAt - chat.sentAt)} ms`);
@@ -245,6 +245,14 @@
       default:
         break;
     }
+  }
+
+  /** Add streamed text; keep the newest text in view unless the reader has scrolled up. */
+  function appendText(chat, text) {
+    const box = ui.chats;
+    const following = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
+    chat.answer.append(text);
+    if (following) box.scrollTop = box.scrollHeight;
   }
 
   function onDone(chat, frame) {
