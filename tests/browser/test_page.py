@@ -234,3 +234,23 @@ def test_a_reconnect_resumes_the_running_answer(page: Any, page_stack: Stack) ->
     # The same question again (from the cache, or the deterministic sim) gives the same text.
     again = _until(page, _ask(page, question, max_tokens=1200), ("done",), 60)
     assert again["answer"] == done["answer"]
+
+
+def test_a_dropped_browser_connection_resumes_what_was_written(page: Any) -> None:
+    """The browser's own socket drops mid-answer: the gateway cancels the chat (a disconnect
+    always does), and the page, reconnected, replays the rest of the job's log after the last
+    token shown, through the cancel, instead of hanging on a chat that no longer runs."""
+    chat_id = _ask(page, "What happens when my wifi drops?", max_tokens=1500)
+    before = _until(page, chat_id, ("streaming",), 20)
+    page.execute_script("window.firsttoken.dropConnection()")
+    ended = _until(page, chat_id, ("done", "failed", "stopped"), 30)
+    assert ended["state"] == "stopped", ended
+    assert ended["answer"].startswith(before["answer"])
+    assert page.execute_script("return window.firsttoken.chats.get(arguments[0]).resumed", chat_id)
+    wait_until(
+        lambda: (
+            page.execute_script("return document.getElementById('conn').dataset.state") == "open"
+        ),
+        10,
+        what="the socket to reopen",
+    )
