@@ -2,8 +2,9 @@
 
 The tests run in file order on one page, as a person would use it: an answer streams with its
 TTFT, model and route; a repeat comes from the cache; several chats run at once and one is
-stopped; a gateway crash mid-answer is survived by a reconnect and a `resume`. Before the
-last, the page is saved as docs/page.png, the README's screenshot.
+stopped; the page is saved as docs/page.png (the README's screenshot); then a gateway crash
+mid-answer is survived by a reconnect and a `resume`, and a dropped browser socket resumes
+through the gateway's cancel.
 """
 
 from __future__ import annotations
