@@ -1,16 +1,19 @@
-"""The ASGI app: `ws /v1/ws`, `GET /healthz`, `GET /readyz`, `GET /metrics`."""
+"""The ASGI app: `ws /v1/ws`, `GET /healthz`, `GET /readyz`, `GET /metrics`, and the chat page
+(`GET /`, its files under `/page/`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from gateway.auth import key_from_request
@@ -23,6 +26,8 @@ from shared.protocol import dumps
 from shared.settings import Settings, get_settings
 
 READY_CHECK_TIMEOUT_S = 2.0
+# The chat page: static files shipped in the package (no build step, nothing from a CDN).
+PAGE_DIR = Path(__file__).parent / "page"
 
 
 async def _refuse(gw: Gateway, ws: WebSocket, exc: FirstTokenError, code: int) -> None:
@@ -131,6 +136,12 @@ async def list_models(request: Request) -> Response:
     return JSONResponse(gw.models.public())
 
 
+async def chat_page(request: Request) -> Response:
+    # Same-origin only: the page talks to this gateway and loads nothing from elsewhere.
+    csp = "default-src 'self'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
+    return FileResponse(PAGE_DIR / "index.html", headers={"content-security-policy": csp})
+
+
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or get_settings()
 
@@ -152,6 +163,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/readyz", readyz),
             Route("/metrics", metrics),
             Route("/v1/models", list_models),
+            Route("/", chat_page),
+            Mount("/page", StaticFiles(directory=PAGE_DIR), name="page"),
         ],
         lifespan=lifespan,
     )
