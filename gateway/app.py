@@ -1,4 +1,5 @@
-"""The ASGI app: `ws /v1/ws`, `GET /healthz`, `GET /readyz`, `GET /metrics`."""
+"""The ASGI app: `ws /v1/ws`, `POST /v1/chat/completions` (gateway/openai.py), `GET /healthz`,
+`GET /readyz`, `GET /metrics`, `GET /v1/models`."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from gateway.auth import key_from_request
+from gateway.openai import chat_completions
 from gateway.session import Session
 from gateway.state import Gateway
 from shared.db.session import ping as db_ping
@@ -152,6 +154,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/readyz", readyz),
             Route("/metrics", metrics),
             Route("/v1/models", list_models),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         ],
         lifespan=lifespan,
     )
