@@ -100,11 +100,15 @@ def _names(keys: list[str]) -> str:
     return ", ".join(repr(k) for k in sorted(keys)[:10])
 
 
+# Where a union's member failed, pydantic names the member in the error's location.
+_UNION_MEMBERS = frozenset({"float", "int", "str", "bool"})
+
+
 def _describe(exc: ValidationError) -> tuple[str, str | None]:
     parts = []
     param = None
     for err in exc.errors()[:5]:
-        loc = ".".join(str(p) for p in err["loc"])
+        loc = ".".join(str(p) for p in err["loc"] if p not in _UNION_MEMBERS)
         param = param or (loc or None)
         parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
     return "; ".join(parts), param
