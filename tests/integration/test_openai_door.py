@@ -199,7 +199,7 @@ def _post(stack: Stack, body: bytes | str, **headers: str) -> httpx.Response:
 def test_bad_input_gets_clean_400s_and_the_gateway_is_unaffected(stack: Stack) -> None:
     model = model_of(stack)
     msg = '{"role": "user", "content": "x"}'
-    cases = {
+    cases: dict[str, bytes | str] = {
         "malformed": '{"model": "m", "messages": [',
         "not an object": "[1, 2]",
         "wrong type": f'{{"model": "{model}", "messages": [{msg}], "max_tokens": "many"}}',
