@@ -28,6 +28,7 @@ from gateway.openai_protocol import (
     SSE_DONE,
     ChunkEncoder,
     ErrorReply,
+    InvalidParameter,
     ParsedRequest,
     UnknownModel,
     completion,
@@ -71,7 +72,8 @@ def _error_response(reply: ErrorReply) -> Response:
     )
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int) -> tuple[bytes, int]:
+    """The body and its size; a body over `limit` is read to its end but not kept."""
     parts: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -80,19 +82,22 @@ async def _read_body(request: Request, limit: int) -> bytes:
             raise InvalidRequest(f"the request body is over {limit} bytes, the limit")
         if size <= limit:
             parts.append(chunk)
-    if size > limit:
-        raise InvalidRequest(f"the request body is {size} bytes; the limit is {limit}")
-    return b"".join(parts)
+    return b"".join(parts), size
 
 
 async def chat_completions(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     settings = gw.settings
     try:
+        # The body first, whatever comes next: a client still sending cannot read a reply.
+        body, size = await _read_body(request, settings.max_frame_bytes)
         principal = await gw.auth.authenticate(
             key_from_request(dict(request.headers), dict(request.query_params))
         )
-        body = await _read_body(request, settings.max_frame_bytes)
+        if size > settings.max_frame_bytes:
+            raise InvalidParameter(
+                f"the request body is {size} bytes; the limit is {settings.max_frame_bytes}"
+            )
         parsed = parse_chat_request(
             body,
             chat_id=CHAT_ID,
