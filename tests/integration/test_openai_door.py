@@ -106,29 +106,43 @@ async def test_async_streamed_and_whole(stack: Stack) -> None:
     await client.close()
 
 
+def _cache_entries(stack: Stack) -> int:
+    client = stack.redis()
+    return sum(int(client.zcard(k)) for k in client.scan_iter(f"{stack.prefix}:cache:lru:*"))
+
+
 async def test_tokens_equal_the_websockets_for_a_cached_prompt(stack: Stack, connect: Any) -> None:
     question = f"what does the openai door return {uuid.uuid4().hex[:6]}?"
+    model = model_of(stack)
     ws = await connect()
-    await ws.chat("first", question, max_tokens=12)
+    before = _cache_entries(stack)
+    await ws.chat("first", question, model=model, max_tokens=12)
     _, done = await ws.until_end("first")
     assert done["type"] == "done" and done["cached"] is False
-    await ws.chat("second", question, max_tokens=12)
+    # The cache write is off the hot path (after `done`), then synced to the workers in 1 s.
+    wait = time.monotonic() + 15
+    while _cache_entries(stack) <= before:  # noqa: ASYNC110 - another process writes
+        assert time.monotonic() < wait, "the answer was never cached"
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)
+    await ws.chat("second", question, model=model, max_tokens=12)
     tokens, done = await ws.until_end("second")
     assert done["cached"] is True, done
     ws_texts = [t["text"] for t in tokens]
 
     client = async_client(stack)
     stream = await client.chat.completions.create(
-        model=done["model"], messages=user(question), stream=True, max_tokens=12
+        model=model, messages=user(question), stream=True, max_tokens=12
     )
     chunks = [c async for c in stream]
     texts = [c.choices[0].delta.content for c in chunks if c.choices[0].delta.content]
-    assert texts == ws_texts
     assert chunks[-1].model_extra["x_firsttoken"]["cached"] is True  # type: ignore[index]
+    assert texts == ws_texts
     whole = await client.chat.completions.create(
-        model=done["model"], messages=user(question), max_tokens=12
+        model=model, messages=user(question), max_tokens=12
     )
     assert whole.choices[0].message.content == "".join(ws_texts)
+    assert whole.model_extra["x_firsttoken"]["cached"] is True  # type: ignore[index]
     await client.close()
 
 
