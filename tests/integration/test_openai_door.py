@@ -121,7 +121,7 @@ async def test_tokens_equal_the_websockets_for_a_cached_prompt(stack: Stack, con
     assert done["type"] == "done" and done["cached"] is False
     # The cache write is off the hot path (after `done`), then synced to the workers in 1 s.
     wait = time.monotonic() + 15
-    while _cache_entries(stack) <= before:  # noqa: ASYNC110 - another process writes
+    while _cache_entries(stack) <= before:
         assert time.monotonic() < wait, "the answer was never cached"
         await asyncio.sleep(0.05)
     await asyncio.sleep(1.0)
