@@ -166,11 +166,15 @@ class CompletionResponse(Response):
 
     async def _send_error(self, send: Send, frame: dict[str, Any]) -> None:
         reply = frame_reply(frame)
-        headers = [(b"content-type", b"application/json")]
+        body = orjson.dumps(reply.body)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
         if reply.retry_after_s is not None:
             headers.append((b"retry-after", str(reply.retry_after_s).encode()))
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-        await send({"type": "http.response.body", "body": orjson.dumps(reply.body)})
+        await send({"type": "http.response.body", "body": body})
 
     async def _stream(self, send: Send) -> None:
         frames = self.chat.frames
@@ -236,10 +240,14 @@ class CompletionResponse(Response):
                 await self._send_error(send, frame)
                 return
             elif kind == "done":
-                body = completion(
-                    self.completion_id, self.created, self.model, "".join(texts), frame
+                body = orjson.dumps(
+                    completion(self.completion_id, self.created, self.model, "".join(texts), frame)
                 )
-                headers = [(b"content-type", b"application/json"), *self._ttft_headers()]
+                headers = [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    *self._ttft_headers(),
+                ]
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
-                await send({"type": "http.response.body", "body": orjson.dumps(body)})
+                await send({"type": "http.response.body", "body": body})
                 return

@@ -258,10 +258,14 @@ async def test_worker_loss_503_504_and_a_mid_stream_error_event(
         stream = await client.chat.completions.create(
             model=model, messages=user("long answer"), stream=True, max_tokens=64
         )
+        killed = False
         with pytest.raises(openai.APIError) as failed:
             async for _ in stream:
-                stack.procs["chat0"].kill()
-        assert "worker" in failed.value.message
+                if not killed:  # the first chunk: the worker is answering
+                    stack.procs["chat0"].kill()
+                    killed = True
+        assert killed and "worker" in failed.value.message
+        assert failed.value.body["code"] == "engine_error"  # type: ignore[index]
 
         wait = time.monotonic() + 15
         while True:  # until the dead worker's heartbeat has lapsed
