@@ -116,7 +116,7 @@ async def test_tokens_equal_the_websockets_for_a_cached_prompt(stack: Stack, con
     model = model_of(stack)
     ws = await connect()
     before = _cache_entries(stack)
-    await ws.chat("first", question, model=model, max_tokens=12)
+    await ws.chat("first", question, model=model)
     _, done = await ws.until_end("first")
     assert done["type"] == "done" and done["cached"] is False
     # The cache write is off the hot path (after `done`), then synced to the workers in 1 s.
@@ -125,21 +125,21 @@ async def test_tokens_equal_the_websockets_for_a_cached_prompt(stack: Stack, con
         assert time.monotonic() < wait, "the answer was never cached"
         await asyncio.sleep(0.05)
     await asyncio.sleep(1.0)
-    await ws.chat("second", question, model=model, max_tokens=12)
+    await ws.chat("second", question, model=model)
     tokens, done = await ws.until_end("second")
     assert done["cached"] is True, done
     ws_texts = [t["text"] for t in tokens]
 
     client = async_client(stack)
     stream = await client.chat.completions.create(
-        model=model, messages=user(question), stream=True, max_tokens=12
+        model=model, messages=user(question), stream=True
     )
     chunks = [c async for c in stream]
     texts = [c.choices[0].delta.content for c in chunks if c.choices[0].delta.content]
     assert chunks[-1].model_extra["x_firsttoken"]["cached"] is True  # type: ignore[index]
     assert texts == ws_texts
     whole = await client.chat.completions.create(
-        model=model, messages=user(question), max_tokens=12
+        model=model, messages=user(question)
     )
     assert whole.choices[0].message.content == "".join(ws_texts)
     assert whole.model_extra["x_firsttoken"]["cached"] is True  # type: ignore[index]
