@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, cast
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -23,6 +24,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.auth import Principal, key_from_request
+from gateway.eager import Rest, start_eagerly
 from gateway.jobs import Job, JobOwner, SessionHost
 from gateway.openai_protocol import (
     SSE_DONE,
@@ -51,15 +53,22 @@ CHAT_ID = "c"
 
 
 class HttpChat(JobOwner):
-    """One HTTP request's chat: relayed frames wait in a queue for the response; None in the
-    queue means the client went away."""
+    """One HTTP request's chat: relayed frames wait in a queue for the response task; None in
+    the queue means the client went away, a Rest the end of a write that had to wait.
+
+    Once a stream has begun, a token frame is written as an event from the call that relays it
+    when nothing is queued or being written (`eager`), as the websocket does (gateway/eager.py):
+    no pass of the event loop per token."""
 
     def __init__(self, gw: SessionHost, principal: Principal) -> None:
         super().__init__(gw, principal)
-        self.frames: asyncio.Queue[str | None] = asyncio.Queue()
+        self.frames: asyncio.Queue[str | Rest | None] = asyncio.Queue()
+        self.eager: Callable[[str], bool] | None = None
 
     def send(self, text: str) -> None:
-        self.frames.put_nowait(text)
+        eager = self.eager
+        if eager is None or not self.frames.empty() or not eager(text):
+            self.frames.put_nowait(text)
 
 
 def _error_response(reply: ErrorReply) -> Response:
@@ -121,7 +130,7 @@ async def chat_completions(request: Request) -> Response:
     return CompletionResponse(chat, job, parsed)
 
 
-async def _watch_disconnect(receive: Receive, frames: asyncio.Queue[str | None]) -> None:
+async def _watch_disconnect(receive: Receive, frames: asyncio.Queue[str | Rest | None]) -> None:
     while True:
         message: Message = await receive()
         if message["type"] == "http.disconnect":
@@ -139,6 +148,11 @@ class CompletionResponse(Response):
         self.completion_id = f"chatcmpl-{job.job_id}"
         self.created = int(time.time())
         self.model = parsed.frame.model or ""
+        # Streaming state, shared by the response task and the eager writes.
+        self._busy = False  # the response task is inside a write
+        self._first = True  # the next event is the first (it names the role)
+        self._asgi_send: Send
+        self._encoder: ChunkEncoder
 
     def _ttft_headers(self) -> list[tuple[bytes, bytes]]:
         state = self.job.state
@@ -158,7 +172,12 @@ class CompletionResponse(Response):
         except OSError:
             pass  # the client went away mid-write; the job is aborted below
         finally:
+            self.chat.eager = None
             watcher.cancel()
+            while not frames.empty():  # unsent when the response ended
+                item = frames.get_nowait()
+                if isinstance(item, Rest):
+                    item.close()
             if not self.job.state.finished:
                 # The client gave up: stop the worker and abort the engine request, as on a
                 # websocket disconnect (a spawned task: this one may be being cancelled).
@@ -176,12 +195,53 @@ class CompletionResponse(Response):
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
+    def _write_now(self, text: str) -> bool:
+        """Write a token frame's event now (the chat's `eager`); False: queue it instead."""
+        if self._busy:
+            return False
+        frame = orjson.loads(text)
+        if frame.get("type") != "token":
+            return False  # the end of the answer: the response task writes it, in order
+        body = self._token(frame["text"])
+        try:
+            # Starlette's and uvicorn's `send` are coroutine functions.
+            message = {"type": "http.response.body", "body": body, "more_body": True}
+            rest = start_eagerly(cast(Coroutine[Any, Any, None], self._asgi_send(message)))
+        except Exception:  # noqa: BLE001 - the client is gone; its disconnect ends the response
+            return True
+        if rest is not None:  # flow control: the response task finishes it before the next
+            self.chat.frames.put_nowait(rest)
+        return True
+
+    def _token(self, text: str) -> bytes:
+        body = self._encoder.token(text, first=self._first)
+        self._first = False
+        return body
+
+    def _end(self, frame: dict[str, Any]) -> bytes:
+        """The events that end a stream: the final chunk (usage) and [DONE], or the error."""
+        if frame.get("type") == "error":
+            return sse_error(frame_reply(frame))
+        events = [self._encoder.final(frame, first=self._first)]
+        if self.parsed.include_usage:
+            events.append(self._encoder.usage(frame))
+        events.append(SSE_DONE)
+        return b"".join(events)
+
+    async def _write(self, send: Send, body: bytes, *, more: bool) -> None:
+        self._busy = True
+        try:
+            await send({"type": "http.response.body", "body": body, "more_body": more})
+        finally:
+            self._busy = False
+
     async def _stream(self, send: Send) -> None:
         frames = self.chat.frames
-        text = await frames.get()
-        if text is None:
+        item = await frames.get()
+        if not isinstance(item, str):
             return
-        frame = orjson.loads(text)
+        frame: dict[str, Any] | None = orjson.loads(item)
+        assert frame is not None
         if frame.get("type") == "error":
             await self._send_error(send, frame)
             return
@@ -192,45 +252,50 @@ class CompletionResponse(Response):
             *self._ttft_headers(),
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        encoder = ChunkEncoder(self.completion_id, self.created, self.model)
-        first = True
+        self._asgi_send = send
+        self._encoder = ChunkEncoder(self.completion_id, self.created, self.model)
+        out: list[bytes] = []  # whatever arrived meanwhile goes out in one write
         while True:
-            out: list[bytes] = []
-            # Whatever arrived meanwhile goes out in one write.
-            while True:
-                kind = frame.get("type")
-                if kind == "token":
-                    out.append(encoder.token(frame["text"], first=first))
-                    first = False
-                elif kind == "done":
-                    out.append(encoder.final(frame, first=first))
-                    if self.parsed.include_usage:
-                        out.append(encoder.usage(frame))
-                    out.append(SSE_DONE)
-                    await send({"type": "http.response.body", "body": b"".join(out)})
+            if frame is not None:
+                if frame.get("type") == "token":
+                    out.append(self._token(frame["text"]))
+                elif frame.get("type") in ("done", "error"):
+                    self.chat.eager = None
+                    out.append(self._end(frame))
+                    await self._write(send, b"".join(out), more=False)
                     return
-                elif kind == "error":
-                    out.append(sse_error(frame_reply(frame)))
-                    await send({"type": "http.response.body", "body": b"".join(out)})
-                    return
-                if frames.empty():
-                    break
-                text = frames.get_nowait()
-                if text is None:
-                    return
-                frame = orjson.loads(text)
-            await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
-            text = await frames.get()
-            if text is None:
+                frame = None
+            if frames.empty():
+                if out:
+                    await self._write(send, b"".join(out), more=True)
+                    out = []
+                    if not frames.empty():
+                        continue
+                self.chat.eager = self._write_now
+                item = await frames.get()
+            else:
+                item = frames.get_nowait()
+            if item is None:
                 return
-            frame = orjson.loads(text)
+            if isinstance(item, Rest):
+                if out:
+                    await self._write(send, b"".join(out), more=True)
+                    out = []
+                self._busy = True
+                try:
+                    await item
+                finally:
+                    self._busy = False
+                frame = None
+                continue
+            frame = orjson.loads(item)
 
     async def _whole(self, send: Send) -> None:
         frames = self.chat.frames
         texts: list[str] = []
         while True:
             text = await frames.get()
-            if text is None:
+            if not isinstance(text, str):  # None: the client went away (no Rest: not eager)
                 return
             frame = orjson.loads(text)
             kind = frame.get("type")
