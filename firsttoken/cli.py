@@ -141,6 +141,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         model=args.model,
         max_tokens=args.max_tokens,
         no_cache=args.no_cache,
+        openai=args.openai,
     )
 
 
@@ -248,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="model name")
     p.add_argument("--max-tokens", type=int, default=None, help="longest answer, in tokens")
     p.add_argument("--no-cache", action="store_true", help="bypass the answer cache")
+    p.add_argument(
+        "--openai",
+        action="store_true",
+        help="ask through the OpenAI door (POST /v1/chat/completions) with the official "
+        "openai SDK instead of the websocket",
+    )
 
     p = add(
         "sim-server",

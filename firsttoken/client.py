@@ -73,6 +73,7 @@ def run_chat(
     model: str | None,
     max_tokens: int | None,
     no_cache: bool,
+    openai: bool = False,
 ) -> int:
     dev = _defaults()
     url = url or dev.get("url") or "ws://127.0.0.1:8000/v1/ws"
@@ -85,6 +86,17 @@ def run_chat(
     if not api_key:
         print("firsttoken: no API key; pass --api-key or set FIRSTTOKEN_API_KEY", file=sys.stderr)
         return 2
+    if openai:
+        from firsttoken.openaiclient import run_openai_chat
+
+        return run_openai_chat(
+            question,
+            url=url,
+            api_key=api_key,
+            model=model,
+            max_tokens=max_tokens,
+            no_cache=no_cache,
+        )
     try:
         result = asyncio.run(
             ask(

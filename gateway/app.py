@@ -1,5 +1,6 @@
-"""The ASGI app: `ws /v1/ws`, `GET /healthz`, `GET /readyz`, `GET /metrics`, and the chat page
-(`GET /`, its files under `/page/`)."""
+"""The ASGI app: `ws /v1/ws`, `POST /v1/chat/completions` (gateway/openai.py), `GET /healthz`,
+`GET /readyz`, `GET /metrics`, `GET /v1/models`, and the chat page (`GET /`, its files under
+`/page/`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from gateway.auth import key_from_request
+from gateway.openai import chat_completions
 from gateway.session import Session
 from gateway.state import Gateway
 from shared.db.session import ping as db_ping
@@ -163,6 +165,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/readyz", readyz),
             Route("/metrics", metrics),
             Route("/v1/models", list_models),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/", chat_page),
             Mount("/page", StaticFiles(directory=PAGE_DIR), name="page"),
         ],

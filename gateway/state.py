@@ -15,11 +15,12 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.auth import Authenticator
+from gateway.jobs import Job
 from gateway.limits import ConnectionGuard
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter
 from gateway.relay import Relay
-from gateway.session import Job, Session
+from gateway.session import Session
 from shared.db.session import make_engine, make_sessionmaker
 from shared.errors import Unauthorized
 from shared.heap import FirstUse
@@ -120,7 +121,7 @@ class Gateway:
         stream; a key revoked meanwhile by dropping every cached key."""
         self.auth.invalidate_all()
         for job in list(self.jobs.values()):
-            job.session.repair(job)
+            job.owner.repair(job)
 
     async def close(self) -> None:
         await self.guard.close()
@@ -179,4 +180,4 @@ class Gateway:
             now = time.time()
             self.metrics.streams.set(len(self.jobs))
             for job in list(self.jobs.values()):
-                job.session.expire(job, now)
+                job.owner.expire(job, now)

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from firsttoken.bench.profiles import PROFILES, get_profile
 from firsttoken.bench.stats import RequestResult, aggregate_runs, summarize_run
 
-MODES = ("stack", "direct", "naive", "litellm")
+MODES = ("stack", "openai", "direct", "naive", "litellm")
 
 
 class Client(Protocol):
@@ -70,7 +70,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         default="stack,direct",
         type=lambda s: [m.strip() for m in s.split(",") if m.strip()],
         help="comma-separated modes, run back to back at each load point: stack "
-        "(through firsttoken's websocket gateway), direct (the engine's OpenAI "
+        "(through firsttoken's websocket gateway), openai (the same gateway's OpenAI door, "
+        "POST /v1/chat/completions), direct (the engine's OpenAI "
         "streaming API), naive (blocking request, then a sync DB write and a log "
         "line), litellm (the LiteLLM proxy in front of the same engine). "
         "Default: %(default)s",
@@ -317,6 +318,7 @@ class Bench:
         self.ws_url, self.api_key = args.url or "", args.api_key or ""
         self.stack: Any = None
         self.peer: Any = None
+        self._model = ""  # the gateway's default model, for the openai mode
 
     def start(self, exits: ExitStack) -> None:
         from firsttoken.bench.stack import BenchStack
@@ -332,7 +334,7 @@ class Bench:
         exits.callback(self.stack.close)
         if not self.engine_url:
             self.engine_url = self.stack.start_sim()
-        if "stack" in a.modes and not self.ws_url:
+        if {"stack", "openai"} & set(a.modes) and not self.ws_url:
             self.stack.start_stack()
             self.ws_url, self.api_key = self.stack.ws_url, self.stack.api_key
         if "litellm" in a.modes:
@@ -357,6 +359,21 @@ class Bench:
                 max_tokens=max_tokens,
                 cache=a.cache == "on",
                 timeout_s=a.timeout,
+            )
+        if mode == "openai":
+            from firsttoken.bench.direct import DirectClient
+            from firsttoken.openaiclient import base_url
+
+            url = base_url(self.ws_url)
+            return DirectClient(
+                url,
+                model=self._gateway_model(url),
+                api_key=self.api_key,
+                max_tokens=max_tokens,
+                connections=streams,
+                timeout_s=a.timeout,
+                # The stack mode's cache flag, so the two doors are compared on one path.
+                extra={"x_firsttoken": {"cache": a.cache == "on"}},
             )
         if mode in ("direct", "litellm"):
             from firsttoken.bench.direct import DirectClient
@@ -391,6 +408,16 @@ class Bench:
                 timeout_s=a.timeout,
             )
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+
+    def _gateway_model(self, url: str) -> str:
+        """The gateway's default model (the websocket mode's, which sends none)."""
+        if not self._model:
+            import openai
+
+            from firsttoken.openaiclient import default_model
+
+            self._model = default_model(openai.OpenAI(base_url=url, api_key=self.api_key))
+        return self._model
 
     async def _wait_idle(self) -> float:
         """The machine's busy share just before a run, after waiting for it to drop below

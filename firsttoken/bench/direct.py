@@ -48,7 +48,9 @@ class DirectClient:
         max_tokens: int | None = None,
         connections: int = 256,
         timeout_s: float = 120.0,
+        extra: dict[str, Any] | None = None,
     ) -> None:
+        self.extra = extra or {}  # more request fields (the gateway's `x_firsttoken`)
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model, self.max_tokens = model, max_tokens
         self._headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
@@ -69,6 +71,7 @@ class DirectClient:
             "stream": True,
             "messages": [{"role": "user", "content": prompt}],
             "stream_options": {"include_usage": True},
+            **self.extra,
         }
         if self.max_tokens:
             body["max_tokens"] = self.max_tokens

@@ -101,3 +101,36 @@ def test_open_loop_with_cache_counts_hits_through_two_gateways(tmp_path: Path) -
     assert data["stack"]["gateways"] == 2
     assert {"gateway0", "gateway1"} <= set(data["runs"][0]["server_cpu_share"])
     assert 0 <= s["cached"] <= s["ok"]  # hits only once the stack has an answer cache
+
+
+@pytest.mark.skipif(not redis_available(), reason="needs the machine's Redis")
+def test_bench_openai_mode_runs_beside_the_websocket(tmp_path: Path) -> None:
+    """`--modes stack,openai,direct`: the same load through both gateway doors and the engine."""
+    out = tmp_path / "openai.json"
+    rc = main(
+        [
+            "--profile",
+            "tiny",
+            "--modes",
+            "stack,openai,direct",
+            "--concurrency",
+            "3",
+            "--requests",
+            "6",
+            "--warmup",
+            "2",
+            "--workers",
+            "1",
+            "--no-progress",
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert [r["mode"] for r in data["runs"]] == ["stack", "openai", "direct"]
+    for run in data["runs"]:
+        s = run["summary"]
+        assert (s["requests"], s["ok"], s["errors"]) == (6, 6, 0), run["mode"]
+        assert s["tokens"] > 0 and s["cached"] == 0
+    assert {"stack", "openai"} <= set(data["aggregate"]["c=3"]["added_ttft_ms"])
