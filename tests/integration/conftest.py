@@ -347,3 +347,9 @@ def password_redis(tmp_path: Path) -> Iterator[int]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def celery_chat_worker(name: str, *flags: str) -> list[str]:
+    """Python arguments of a plain `celery -A workers.app worker -Q chat` (no firsttoken command
+    around it) named `name`."""
+    return ["-m", "celery", "-A", "workers.app", "worker", "-Q", "chat", "-n", name, *flags]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,17 +15,15 @@ from tests.support import postgres_available, redis_available
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 
-@pytest.mark.skipif(not redis_available(), reason="needs the machine's Redis")
-def test_bench_runs_every_mode_and_writes_json(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _small_run(tmp_path: Path, modes: str) -> dict[str, Any]:
+    """`firsttoken bench` on the tiny profile, a handful of requests per mode; its JSON."""
     out = tmp_path / "bench.json"
     rc = main(
         [
             "--profile",
             "tiny",
             "--modes",
-            "stack,direct,naive",
+            modes,
             "--concurrency",
             "3",
             "--requests",
@@ -39,7 +38,15 @@ def test_bench_runs_every_mode_and_writes_json(
         ]
     )
     assert rc == 0
-    data = json.loads(out.read_text())
+    data: dict[str, Any] = json.loads(out.read_text())
+    return data
+
+
+@pytest.mark.skipif(not redis_available(), reason="needs the machine's Redis")
+def test_bench_runs_every_mode_and_writes_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _small_run(tmp_path, "stack,direct,naive")
     assert {"machine", "command", "settings", "profile", "aggregate", "runs"} <= set(data)
     assert [r["mode"] for r in data["runs"]] == ["stack", "direct", "naive"]
     for run in data["runs"]:
@@ -106,28 +113,7 @@ def test_open_loop_with_cache_counts_hits_through_two_gateways(tmp_path: Path) -
 @pytest.mark.skipif(not redis_available(), reason="needs the machine's Redis")
 def test_bench_openai_mode_runs_beside_the_websocket(tmp_path: Path) -> None:
     """`--modes stack,openai,direct`: the same load through both gateway doors and the engine."""
-    out = tmp_path / "openai.json"
-    rc = main(
-        [
-            "--profile",
-            "tiny",
-            "--modes",
-            "stack,openai,direct",
-            "--concurrency",
-            "3",
-            "--requests",
-            "6",
-            "--warmup",
-            "2",
-            "--workers",
-            "1",
-            "--no-progress",
-            "--json",
-            str(out),
-        ]
-    )
-    assert rc == 0
-    data = json.loads(out.read_text())
+    data = _small_run(tmp_path, "stack,openai,direct")
     assert [r["mode"] for r in data["runs"]] == ["stack", "openai", "direct"]
     for run in data["runs"]:
         s = run["summary"]

@@ -26,7 +26,7 @@ from kombu import Connection, Consumer, Queue
 from firsttoken.procs import Child
 from shared.keys import BULK_QUEUE, CHAT_TASK, Keys
 from shared.tasks import ChatJob, new_id, task_message
-from tests.integration.conftest import Client, Services, Stack, make_stack
+from tests.integration.conftest import Client, Services, Stack, celery_chat_worker, make_stack
 from tests.support import child_env, python_cmd
 from workers.app import READ_ON_THE_LOOP, TaskConsumer
 
@@ -121,21 +121,7 @@ async def test_with_events_on_its_chats_reach_an_event_receiver(
         if switch == "flag":
             s.start("chat0", ["-m", "firsttoken", "worker", "--events", "--name", name])
         else:
-            s.start(
-                "chat0",
-                [
-                    "-m",
-                    "celery",
-                    "-A",
-                    "workers.app",
-                    "worker",
-                    "-Q",
-                    "chat",
-                    "-n",
-                    name,
-                    "--without-mingle",
-                ],
-            )
+            s.start("chat0", celery_chat_worker(name, "--without-mingle"))
         s.wait_ready()
         s.wait_worker("chat0")
         if switch == "control":

@@ -16,7 +16,7 @@ from shared.db.models import UsageEvent
 from shared.db.session import make_engine, make_sessionmaker
 from shared.keys import CHAT_QUEUE, CHAT_TASK, Keys
 from shared.tasks import ChatJob, new_id, task_message
-from tests.integration.conftest import Client, Stack, make_stack
+from tests.integration.conftest import Client, Stack, celery_chat_worker, make_stack
 
 pytestmark = pytest.mark.integration
 
@@ -350,20 +350,12 @@ async def test_celery_itself_starts_the_same_chat_worker(
     with make_stack(services, migrated, tmp_path, workers=0) as s:
         s.start(
             "chat0",
-            [
-                "-m",
-                "celery",
-                "-A",
-                "workers.app",
-                "worker",
-                "-Q",
-                "chat",
-                "-n",
+            celery_chat_worker(
                 f"chat0-{s.prefix}@%h",
                 "--without-gossip",
                 "--without-mingle",
                 "--without-heartbeat",
-            ],
+            ),
         )
         s.wait_worker("chat0")
         s.wait_ready()
