@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from shared.cache.evaluate import PairSet
     from shared.cache.policy import Policy
     from shared.embeddings.base import Embedder
 
@@ -52,6 +53,13 @@ def _policy(args: argparse.Namespace) -> Policy:
     return policy_from(get_settings())
 
 
+NO_CHECKOUT = (
+    "the evaluation sets are the repository's tests/data, and this installation of firsttoken "
+    "has no tests/ beside it (installed from a wheel?): run it from a checkout "
+    "(pip install -e .), pass --data-dir PATH/TO/tests/data, or give one PAIRS.jsonl file"
+)
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     from shared.embeddings.factory import make_embedder
     from shared.settings import get_settings
@@ -61,27 +69,31 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         return 2
     try:
         policy = _policy(args)
-        sets = None if args.pairs else _parse_sets(args.sets)
-    except ValueError as exc:
+        pair_sets = None if args.pairs else _load_sets(args.sets, args.data_dir)
+    except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     embedder = make_embedder(get_settings())
     try:
-        if sets is None:
+        if pair_sets is None:
             return _eval_file(args, policy, embedder)
-        return _eval_sets(args, policy, embedder, sets)
+        return _eval_sets(args, policy, embedder, pair_sets)
     finally:
         embedder.close()
 
 
-def _parse_sets(value: str | None) -> list[str]:
-    from shared.cache.evaluate import DEFAULT_SETS, SET_NAMES
+def _load_sets(sets: str | None, data_dir_arg: str | None) -> list[PairSet]:
+    """The sets named by --sets (default dev,validation), read before any model is loaded so
+    that a wrong name or a missing checkout fails at once."""
+    from shared.cache.evaluate import DEFAULT_SETS, SET_NAMES, data_dir, load_set
 
-    names = [s.strip() for s in value.split(",") if s.strip()] if value else list(DEFAULT_SETS)
-    unknown = [n for n in names if n not in SET_NAMES]
-    if unknown or not names:
-        raise ValueError(f"--sets {value!r}: choose among {','.join(SET_NAMES)}")
-    return names
+    names = [s.strip() for s in sets.split(",") if s.strip()] if sets else list(DEFAULT_SETS)
+    if not names or any(n not in SET_NAMES for n in names):
+        raise ValueError(f"--sets {sets!r}: choose among {','.join(SET_NAMES)}")
+    data = Path(data_dir_arg) if data_dir_arg else data_dir()
+    if data is None:
+        raise ValueError(NO_CHECKOUT)
+    return [load_set(data, name) for name in names]
 
 
 def _eval_file(args: argparse.Namespace, policy: Policy, embedder: Embedder) -> int:
@@ -97,33 +109,19 @@ def _eval_file(args: argparse.Namespace, policy: Policy, embedder: Embedder) -> 
 
 
 def _eval_sets(
-    args: argparse.Namespace, policy: Policy, embedder: Embedder, names: list[str]
+    args: argparse.Namespace, policy: Policy, embedder: Embedder, pair_sets: list[PairSet]
 ) -> int:
-    from shared.cache.evaluate import data_dir, load_set, served, set_report
+    from shared.cache.evaluate import served, set_report
 
-    data = Path(args.data_dir) if args.data_dir else data_dir()
-    if data is None:
-        print(
-            "error: the evaluation sets are the repository's tests/data, and this installation "
-            "of firsttoken has no tests/ beside it (installed from a wheel?). Run it from a "
-            "checkout (pip install -e .), pass --data-dir PATH/TO/tests/data, or give one "
-            "PAIRS.jsonl file.",
-            file=sys.stderr,
-        )
-        return 2
     results: dict[str, Any] = {}
-    for name in names:
-        try:
-            pair_set = load_set(data, name)
-        except (OSError, ValueError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+    for pair_set in pair_sets:
         pairs = pair_set.pairs
-        print(f"{name}: {len(pairs)} pairs ...", file=sys.stderr, flush=True)
+        print(f"{pair_set.name}: {len(pairs)} pairs ...", file=sys.stderr, flush=True)
         started = time.monotonic()
         hits = served(policy, embedder, pairs, args.mode)
-        print(f"{name}: done in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
-        results[name] = set_report(pair_set, hits)
+        elapsed = time.monotonic() - started
+        print(f"{pair_set.name}: done in {elapsed:.1f} s", file=sys.stderr, flush=True)
+        results[pair_set.name] = set_report(pair_set, hits)
     out = {"threshold": policy.threshold, "mode": args.mode, "sets": results}
     if args.json:
         print(json.dumps(out, ensure_ascii=False))

@@ -284,3 +284,14 @@ def test_cli_without_the_sets_says_where_they_are(tmp_path: Path) -> None:
     proc = _eval("--data-dir", str(tmp_path))
     assert proc.returncode == 2
     assert "has no *.jsonl files" in proc.stderr
+
+
+def test_cli_outside_a_checkout_says_how_to_find_the_sets(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from firsttoken.cli import main
+
+    monkeypatch.setattr("shared.cache.evaluate.data_dir", lambda: None)
+    assert main(["cache", "eval", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "no tests/ beside it" in err and "--data-dir" in err
