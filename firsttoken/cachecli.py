@@ -1,35 +1,132 @@
-"""`firsttoken cache eval PAIRS.jsonl [--threshold T] [--json] [--mode M]`, `firsttoken cache
-prepare`."""
+"""`firsttoken cache eval [PAIRS.jsonl] [--sets S,...] [--threshold T] [--setting K=V] [--json]
+[--mode M]`, `firsttoken cache prepare`."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shared.cache.evaluate import PairSet
+    from shared.cache.policy import Policy
+    from shared.embeddings.base import Embedder
+
+CACHE_ENV = "FIRSTTOKEN_CACHE_"
+
+
+def setting_env(assignment: str, fields: set[str]) -> tuple[str, str]:
+    """`KEY=VALUE` -> (`FIRSTTOKEN_CACHE_KEY`, VALUE), KEY given bare (`threshold`) or in full
+    (`FIRSTTOKEN_CACHE_THRESHOLD`). Only cache settings that exist are accepted: the settings
+    ignore unknown variables, so a typo would otherwise measure the defaults unnoticed."""
+    key, sep, value = assignment.partition("=")
+    key = key.strip().upper().removeprefix(CACHE_ENV).removeprefix("CACHE_")
+    if not sep or not key:
+        raise ValueError(f"--setting {assignment!r}: expected KEY=VALUE, e.g. threshold=0.9")
+    if f"cache_{key.lower()}" not in fields:
+        known = ", ".join(
+            sorted(f.removeprefix("cache_") for f in fields if f.startswith("cache_"))
+        )
+        raise ValueError(
+            f"--setting {assignment!r}: no cache setting {key.lower()!r}; known: {known}"
+        )
+    return CACHE_ENV + key, value.strip()
+
+
+def _policy(args: argparse.Namespace) -> Policy:
+    """The worker's own policy, built after the overrides are in the environment, so that
+    --setting reaches every cache setting the worker reads, present and future."""
+    from shared.settings import Settings, get_settings
+    from workers.cache_stage import policy_from
+
+    assignments = list(args.setting or [])
+    if args.threshold is not None:
+        assignments.append(f"threshold={args.threshold}")
+    for assignment in assignments:
+        name, value = setting_env(assignment, set(Settings.model_fields))
+        os.environ[name] = value
+    get_settings.cache_clear()
+    return policy_from(get_settings())
+
+
+NO_CHECKOUT = (
+    "the evaluation sets are the repository's tests/data, and this installation of firsttoken "
+    "has no tests/ beside it (installed from a wheel?): run it from a checkout "
+    "(pip install -e .), pass --data-dir PATH/TO/tests/data, or give one PAIRS.jsonl file"
+)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from shared.cache.evaluate import load_file, report, served
-    from shared.cache.policy import Policy
     from shared.embeddings.factory import make_embedder
     from shared.settings import get_settings
 
-    settings = get_settings()
-    policy = Policy(
-        threshold=args.threshold if args.threshold is not None else settings.cache_threshold,
-        context_threshold=settings.cache_context_threshold,
-        context_messages=settings.cache_context_messages,
-    )
-    pairs = load_file(args.pairs)
-    embedder = make_embedder(settings)
+    if args.pairs and args.sets is not None:
+        print("error: give a PAIRS file or --sets, not both", file=sys.stderr)
+        return 2
     try:
-        result = report(pairs, served(policy, embedder, pairs, args.mode))
+        policy = _policy(args)
+        pair_sets = None if args.pairs else _load_sets(args.sets, args.data_dir)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    embedder = make_embedder(get_settings())
+    try:
+        if pair_sets is None:
+            return _eval_file(args, policy, embedder)
+        return _eval_sets(args, policy, embedder, pair_sets)
     finally:
         embedder.close()
+
+
+def _load_sets(sets: str | None, data_dir_arg: str | None) -> list[PairSet]:
+    """The sets named by --sets (default dev,validation), read before any model is loaded so
+    that a wrong name or a missing checkout fails at once."""
+    from shared.cache.evaluate import DEFAULT_SETS, SET_NAMES, data_dir, load_set
+
+    names = [s.strip() for s in sets.split(",") if s.strip()] if sets else list(DEFAULT_SETS)
+    if not names or any(n not in SET_NAMES for n in names):
+        raise ValueError(f"--sets {sets!r}: choose among {','.join(SET_NAMES)}")
+    data = Path(data_dir_arg) if data_dir_arg else data_dir()
+    if data is None:
+        raise ValueError(NO_CHECKOUT)
+    return [load_set(data, name) for name in names]
+
+
+def _eval_file(args: argparse.Namespace, policy: Policy, embedder: Embedder) -> int:
+    from shared.cache.evaluate import load_file, report, served
+
+    pairs = load_file(args.pairs)
+    result = report(pairs, served(policy, embedder, pairs, args.mode))
     if args.json:
         print(json.dumps(result, ensure_ascii=False))
     else:
         _print_table(result, policy.threshold, len(pairs))
+    return 0
+
+
+def _eval_sets(
+    args: argparse.Namespace, policy: Policy, embedder: Embedder, pair_sets: list[PairSet]
+) -> int:
+    from shared.cache.evaluate import served, set_report
+
+    results: dict[str, Any] = {}
+    for pair_set in pair_sets:
+        pairs = pair_set.pairs
+        print(f"{pair_set.name}: {len(pairs)} pairs ...", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        hits = served(policy, embedder, pairs, args.mode)
+        elapsed = time.monotonic() - started
+        print(f"{pair_set.name}: done in {elapsed:.1f} s", file=sys.stderr, flush=True)
+        results[pair_set.name] = set_report(pair_set, hits)
+    out = {"threshold": policy.threshold, "mode": args.mode, "sets": results}
+    if args.json:
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        _print_sets(out)
     return 0
 
 
@@ -66,6 +163,32 @@ def _print_table(result: dict[str, Any], threshold: float, n: int) -> None:
     )
 
 
+def _cell(row: dict[str, Any] | None, rate: str) -> str:
+    return "" if row is None else f"{_fmt(row[rate]).strip()} /{row['pairs']}"
+
+
+def _print_sets(out: dict[str, Any]) -> None:
+    """One row per set, then one row per kind and rate with the sets side by side."""
+    sets: dict[str, Any] = out["sets"]
+    print(f"threshold {out['threshold']}, mode {out['mode']}")
+    print(f"{'set':<12} {'pairs':>6} {'served':>8} {'wrong':>8}")
+    for name, row in sets.items():
+        print(
+            f"{name:<12} {row['pairs']:>6} {_fmt(row['served_rate']):>8} "
+            f"{_fmt(row['wrong_serve_rate']):>8}"
+        )
+    print()
+    print(f"{'kind':<28} {'rate':<7}" + "".join(f" {n:>11}" for n in sets))
+    kinds = sorted({k for row in sets.values() for k in row["by_kind"]})
+    for k in kinds:
+        for rate, label in (("served_rate", "served"), ("wrong_serve_rate", "wrong")):
+            cells = [row["by_kind"].get(k) for row in sets.values()]
+            if all(c is None or c[rate] is None for c in cells):
+                continue
+            text = "".join(f" {_cell(c, rate):>11}" for c in cells)
+            print(f"{k:<28} {label:<7}{text}")
+
+
 def add_parser(subparsers: Any) -> None:
     """Register `cache` and its `eval` and `prepare` actions on the top-level subparsers."""
     cache = subparsers.add_parser(
@@ -76,12 +199,38 @@ def add_parser(subparsers: Any) -> None:
         "eval",
         help="Measure served and wrong-serve rates on question pairs (JSONL).",
         description="Cache each pair's `a` with a fixed answer, look up `b`, and report the share "
-        "of same_answer pairs served (served_rate) and of the others served (wrong_serve_rate).",
+        "of same_answer pairs served (served_rate) and of the others served (wrong_serve_rate). "
+        "With no PAIRS file, every set named by --sets is evaluated and reported side by side: "
+        "dev (tests/data/*.jsonl, the set the cache's rules are tuned on), validation "
+        "(tests/data/validation/*.jsonl, written independently of the rules) and holdout "
+        "(tests/data/validation/holdout/*.jsonl, frozen, never for tuning).",
     )
     p.add_argument(
-        "pairs", help='JSONL: {"a": ..., "b": ..., "same_answer": bool, "category": ...}'
+        "pairs",
+        nargs="?",
+        help='one JSONL file: {"a": ..., "b": ..., "same_answer": bool, "category": ...}; '
+        "its JSON output is the single-set shape (served_rate, wrong_serve_rate, by_category)",
+    )
+    p.add_argument(
+        "--sets",
+        default=None,
+        help="comma-separated sets to evaluate when no PAIRS file is given: dev, validation, "
+        "holdout (default: dev,validation)",
+    )
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="the tests/data directory holding the sets (default: the checkout's, found beside "
+        "the installed package)",
     )
     p.add_argument("--threshold", type=float, default=None, help="similarity threshold")
+    p.add_argument(
+        "--setting",
+        action="append",
+        metavar="KEY=VALUE",
+        help="set FIRSTTOKEN_CACHE_KEY=VALUE before the worker's cache policy is built, for any "
+        "cache setting (e.g. context_threshold=0.9); repeatable",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--mode",

@@ -3,12 +3,17 @@
 Uses the same Query/judge as the worker. Two baselines are measured the same way: plain cosine
 (threshold only, no guards, no context check) and last-message-only (the guards, but the
 conversation context ignored).
+
+The pair sets live in the checkout's ``tests/data``: the development set the rules are tuned on
+(``*.jsonl``), a validation set written independently of the rules (``validation/*.jsonl``) and a
+frozen holdout from the same authoring (``validation/holdout/*.jsonl``), never used for tuning.
+Reporting them side by side shows how far a change generalises beyond the set it was made on.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +25,9 @@ from shared.embeddings.base import Embedder
 from shared.protocol import Message
 
 Mode = Literal["guarded", "cosine", "last_message"]
+
+SET_NAMES = ("dev", "validation", "holdout")
+DEFAULT_SETS = ("dev", "validation")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,15 +119,85 @@ def _rates(rows: list[tuple[Pair, bool]]) -> dict[str, Any]:
     }
 
 
+def _grouped(rows: list[tuple[Pair, bool]], key: Callable[[Pair], str]) -> dict[str, Any]:
+    groups: dict[str, list[tuple[Pair, bool]]] = {}
+    for row in rows:
+        groups.setdefault(key(row[0]), []).append(row)
+    return {name: _rates(groups[name]) for name in sorted(groups)}
+
+
 def report(pairs: list[Pair], hits: list[bool]) -> dict[str, Any]:
     """`served_rate`, `wrong_serve_rate` and the same per category (`by_category`)."""
     rows = list(zip(pairs, hits, strict=True))
     overall = _rates(rows)
-    by_category: dict[str, Any] = {}
-    for category in sorted({p.category for p in pairs}):
-        by_category[category or "-"] = _rates([r for r in rows if r[0].category == category])
     return {
         "served_rate": overall["served_rate"],
         "wrong_serve_rate": overall["wrong_serve_rate"],
-        "by_category": by_category,
+        "by_category": _grouped(rows, lambda p: p.category or "-"),
+    }
+
+
+def kind(category: str) -> str:
+    """The pair's kind without its language, so English and Chinese traps of one kind add up:
+    `en_negation` and `zh_negation` are `negation`, `conv_zh_detail_change` is
+    `conv_detail_change`."""
+    for prefix, keep in (("conv_en_", "conv_"), ("conv_zh_", "conv_"), ("en_", ""), ("zh_", "")):
+        if category.startswith(prefix):
+            return keep + category.removeprefix(prefix)
+    return category or "-"
+
+
+@dataclass(frozen=True, slots=True)
+class PairSet:
+    """One named set (dev, validation, holdout): its files' pairs, in file order."""
+
+    name: str
+    files: dict[str, list[Pair]]
+
+    @property
+    def pairs(self) -> list[Pair]:
+        return [p for pairs in self.files.values() for p in pairs]
+
+
+def data_dir() -> Path | None:
+    """The checkout's ``tests/data``, found beside this package; None when the package was
+    installed without the repository's tests (a wheel)."""
+    path = Path(__file__).resolve().parents[2] / "tests" / "data"
+    return path if path.is_dir() else None
+
+
+def set_files(data: Path, name: str) -> list[Path]:
+    """The JSONL files of set `name` under a ``tests/data`` directory."""
+    folders = {
+        "dev": data,
+        "validation": data / "validation",
+        "holdout": data / "validation" / "holdout",
+    }
+    if name not in folders:
+        raise ValueError(f"unknown set {name!r}; known: {', '.join(SET_NAMES)}")
+    return sorted(folders[name].glob("*.jsonl"))
+
+
+def load_set(data: Path, name: str) -> PairSet:
+    files = set_files(data, name)
+    if not files:
+        raise FileNotFoundError(f"set {name!r} has no *.jsonl files under {data}")
+    return PairSet(name, {path.name: load_file(path) for path in files})
+
+
+def set_report(pair_set: PairSet, hits: list[bool]) -> dict[str, Any]:
+    """`report` for one set, plus its size and the rates per file and per kind (`by_kind`:
+    the categories with their language prefix removed)."""
+    pairs = pair_set.pairs
+    rows = list(zip(pairs, hits, strict=True))
+    by_file: dict[str, Any] = {}
+    start = 0
+    for file_name, file_pairs in pair_set.files.items():
+        by_file[file_name] = _rates(rows[start : start + len(file_pairs)])
+        start += len(file_pairs)
+    return {
+        "pairs": len(pairs),
+        **report(pairs, hits),
+        "by_kind": _grouped(rows, lambda p: kind(p.category)),
+        "by_file": by_file,
     }
