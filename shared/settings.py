@@ -253,15 +253,20 @@ class Settings(BaseSettings):
     cache_threshold: float = Field(
         0.92, gt=0, le=1, description="Least cosine similarity of two questions for a hit."
     )
-    cache_context_threshold: float = Field(
-        0.95,
+    cache_context_threshold: float | None = Field(
+        None,
         gt=0,
         le=1,
-        description="Least cosine similarity of the earlier turns of two conversations "
-        "(their question must also match).",
+        description="Unset: a question asked after earlier turns is served only from an answer "
+        "given after the same earlier turns (after normalisation). A number: earlier turns "
+        "whose embeddings are at least this similar may differ (the guards must still agree); "
+        "this serves more and wrongly more often (docs/benchmarks.md).",
     )
     cache_context_messages: int = Field(
-        4, ge=0, le=32, description="Earlier messages of a conversation that must agree."
+        4,
+        ge=1,
+        le=32,
+        description="Recent earlier messages embedded for cache_context_threshold.",
     )
     cache_ttl_s: int = Field(86_400, ge=1, description="How long a cached answer is served.")
     cache_max_entries: int = Field(

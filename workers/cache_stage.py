@@ -99,7 +99,7 @@ class CacheStage:
         if query is None:
             return Lookup(tier="off")
         result = Lookup(query=query)
-        texts = [query.embed_question] + ([query.embed_context] if query.embed_context else [])
+        texts = query.embed_texts
         embedding: asyncio.Future[list[Vector]] | None = None
         if self.embedder is not None and not self.knows_exact(query):
             # Embedding starts with the exact read, not after it: a semantic hit saves that
@@ -197,8 +197,7 @@ class CacheStage:
         vector, context_vector = lookup.vector, lookup.context_vector
         if vector is None and self.embedder is not None:
             # An exact-tier miss with the semantic tier off, or an embed that was skipped.
-            texts = [query.embed_question] + ([query.embed_context] if query.embed_context else [])
-            rows = await self.embed(texts)
+            rows = await self.embed(query.embed_texts)
             vector, context_vector = rows[0], (rows[1] if len(rows) > 1 else None)
         if vector is None:
             return

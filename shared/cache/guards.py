@@ -118,6 +118,59 @@ _EN_CAPITAL_STOP = {"i", "i'm", "i've", "i'd", "i'll", "ok", "okay", "please", "
                     "and", "or", "thanks", "thank", "any", "whats", "hows"}  # fmt: skip
 _EN_CAPITAL_STOP |= _EN_DATES
 
+# Units of measure and currencies: "23 kg" and "23 lb", "5 mg" and "5 g", "$500 in euros" and
+# "$500 in yen" differ only there, and embeddings barely see it. Each spelling maps to one unit,
+# so "kilograms" and "kg" agree. (Chinese units are content characters, compared below.)
+_EN_UNITS = {
+    "mg": "mg", "milligram": "mg", "milligrams": "mg", "g": "g", "gram": "g", "grams": "g",
+    "kg": "kg", "kgs": "kg", "kilo": "kg", "kilos": "kg", "kilogram": "kg", "kilograms": "kg",
+    "lb": "lb", "lbs": "lb", "pound": "lb", "pounds": "lb", "oz": "oz", "ounce": "oz",
+    "ounces": "oz", "ton": "t", "tons": "t", "tonne": "t", "tonnes": "t", "stone": "st",
+    "ml": "ml", "milliliter": "ml", "milliliters": "ml", "millilitre": "ml", "millilitres": "ml",
+    "l": "l", "liter": "l", "liters": "l", "litre": "l", "litres": "l", "gallon": "gal",
+    "gallons": "gal", "gal": "gal", "quart": "qt", "quarts": "qt", "pint": "pt", "pints": "pt",
+    "cup": "cup", "cups": "cup", "teaspoon": "tsp", "teaspoons": "tsp", "tsp": "tsp",
+    "tablespoon": "tbsp", "tablespoons": "tbsp", "tbsp": "tbsp",
+    "mm": "mm", "millimeter": "mm", "millimeters": "mm", "millimetre": "mm", "millimetres": "mm",
+    "cm": "cm", "centimeter": "cm", "centimeters": "cm", "centimetre": "cm", "centimetres": "cm",
+    "m": "m", "meter": "m", "meters": "m", "metre": "m", "metres": "m", "km": "km",
+    "kilometer": "km", "kilometers": "km", "kilometre": "km", "kilometres": "km", "mile": "mi",
+    "miles": "mi", "mi": "mi", "inch": "in", "inches": "in", "foot": "ft", "feet": "ft",
+    "ft": "ft", "yard": "yd", "yards": "yd", "yd": "yd", "acre": "acre", "acres": "acre",
+    "hectare": "ha", "hectares": "ha",
+    "c": "degc", "celsius": "degc", "centigrade": "degc", "f": "degf", "fahrenheit": "degf",
+    "kelvin": "kelvin", "mph": "mph", "kph": "km/h", "km/h": "km/h", "m/s": "m/s",
+    "bit": "bit", "bits": "bit", "byte": "byte", "bytes": "byte", "kb": "kb", "mb": "mb",
+    "gb": "gb", "tb": "tb", "kilobyte": "kb", "kilobytes": "kb", "megabyte": "mb",
+    "megabytes": "mb", "gigabyte": "gb", "gigabytes": "gb", "terabyte": "tb", "terabytes": "tb",
+    "kbps": "kbit/s", "mbps": "mbit/s", "gbps": "gbit/s", "mb/s": "mb/s", "gb/s": "gb/s",
+    "kb/s": "kb/s", "ms": "ms", "millisecond": "ms", "milliseconds": "ms", "sec": "s",
+    "secs": "s", "seconds": "s", "minute": "min", "minutes": "min", "min": "min", "mins": "min",
+    "hour": "h", "hours": "h", "hr": "h", "hrs": "h", "h": "h",
+    "watt": "w", "watts": "w", "w": "w", "kw": "kw", "kwh": "kwh", "volt": "v", "volts": "v",
+    "v": "v", "amp": "a", "amps": "a", "mah": "mah", "calorie": "kcal", "calories": "kcal",
+    "kcal": "kcal", "kilojoule": "kj", "kilojoules": "kj", "kj": "kj", "percent": "%", "%": "%",
+    "dollar": "usd", "dollars": "usd", "usd": "usd", "$": "usd", "euro": "eur", "euros": "eur",
+    "eur": "eur", "€": "eur", "£": "gbp", "gbp": "gbp", "sterling": "gbp", "yen": "jpy",
+    "jpy": "jpy", "yuan": "cny", "rmb": "cny", "cny": "cny", "¥": "cny", "rupee": "inr",
+    "rupees": "inr", "inr": "inr", "franc": "chf", "francs": "chf", "chf": "chf",
+}  # fmt: skip
+# One-letter spellings ("180 c", "5 g", "2 l") are units only right after a number; elsewhere
+# they are words ("c" the language, "a", "m").
+_SHORT_UNITS = {"c", "f", "g", "l", "m", "h", "w", "v"}
+_UNIT_TOKEN = re.compile(
+    r"(?P<num>\d(?:[\d.,]*\d)?)?\s*°?\s*(?P<unit>[a-z]+/[a-z]+|[a-z]+|[$€£¥%])(?![a-z])"
+)
+
+# Who acts: "I owe my roommate" and "my roommate owes me" share their words and their topic
+# but not their actor. The first first-person word says whether the user is the subject.
+_FIRST_PERSON_SUBJECT = {"i", "we", "i'm", "i've", "i'd", "i'll", "we're", "we've"}
+_FIRST_PERSON_OTHER = {"me", "my", "mine", "myself", "us", "our", "ours", "ourselves"}
+
+# Words that join two things symmetrically: "TCP and UDP" asks what "UDP and TCP" asks.
+_SYMMETRIC = {"and", "or", "vs", "versus", "&", "和", "与", "跟", "及", "或"}
+_TOKEN = re.compile(r"[a-z0-9]+(?:[.'/-][a-z0-9]+)*|[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|&")
+
 # Chinese characters that carry no content for the character comparison (question words,
 # particles, pronouns). The rest of a Chinese question must agree character for character.
 _ZH_FUNCTION = set(
@@ -137,6 +190,9 @@ class Features:
     polarity: tuple[str, ...]  # antonym group members used, "group:member"
     scope: tuple[str, ...]
     zh_content: tuple[str, ...]  # sorted content characters (Chinese only)
+    units: tuple[str, ...]
+    actor: str  # "self" when the first first-person word is a subject, "other", or ""
+    tokens: tuple[str, ...]  # words and CJK characters in order, for the order guard
     words: frozenset[str]
     negated_stems: frozenset[str]  # "unsafe" -> "safe", to catch flips across the two questions
 
@@ -164,6 +220,49 @@ def _strip_idioms(text: str, idioms: tuple[str, ...]) -> str:
     return text
 
 
+def _units(text: str) -> tuple[str, ...]:
+    found: set[str] = set()
+    for match in _UNIT_TOKEN.finditer(text):
+        unit = match.group("unit")
+        if unit in _SHORT_UNITS and match.group("num") is None:
+            continue
+        if unit in _EN_UNITS:
+            found.add(_EN_UNITS[unit])
+    return tuple(sorted(found))
+
+
+def _actor(words: list[str]) -> str:
+    for word in words:
+        if word in _FIRST_PERSON_SUBJECT:
+            return "self"
+        if word in _FIRST_PERSON_OTHER:
+            return "other"
+    return ""
+
+
+def _exchanged(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """Whether ``b`` is ``a`` with two separated pieces exchanged: "X than Y" -> "Y than X",
+    "from X to Y" -> "from Y to X". Such a question asks the opposite, though every word is the
+    same. Adjacent pieces exchanged ("in Python, how do I sort" / "how do I sort, in Python")
+    and pieces around a symmetric word ("TCP and UDP") ask the same thing."""
+    if a == b or len(a) != len(b) or sorted(a) != sorted(b):
+        return False
+    start = 0
+    while a[start] == b[start]:
+        start += 1
+    end = len(a)
+    while a[end - 1] == b[end - 1]:
+        end -= 1
+    ma, mb = a[start:end], b[start:end]
+    n = len(ma)
+    for p in range(1, n - 1):
+        for q in range(1, n - p):
+            middle = ma[p : n - q]
+            if mb == ma[n - q :] + middle + ma[:p]:
+                return not set(middle) <= _SYMMETRIC
+    return False
+
+
 def _numbers(text: str, words: list[str]) -> tuple[str, ...]:
     found = [n.replace(",", "") for n in _NUMBER.findall(text)]
     found += [_EN_NUMBERS[w] for w in words if w in _EN_NUMBERS]
@@ -180,7 +279,7 @@ def _entities(original: str, words: list[str]) -> tuple[str, ...]:
     for i, match in enumerate(_RAW_WORD.finditer(original)):
         word = match.group(0)
         low = word.lower()
-        if low in _EN_CAPITAL_STOP:
+        if low in _EN_CAPITAL_STOP or low.removesuffix("s") in _EN_DATES:
             continue
         starts_sentence = i == 0 or original[: match.start()].rstrip()[-1:] in (".", "?", "!", ":")
         inner_capital = any(c.isupper() for c in word[1:])
@@ -226,7 +325,14 @@ def features(text: str) -> Features:
     scope = sorted({_EN_SCOPE_FOLD.get(w, w) for w in words if w in _EN_SCOPE})
     if cjk:
         scope += sorted(s for s in _ZH_SCOPE if s in canon)
-    dates = sorted({w for w in words if w in _EN_DATES})
+    # "weekends", "mondays": the plural names the same days.
+    dates = sorted(
+        {
+            w.removesuffix("s") if w.removesuffix("s") in _EN_DATES else w
+            for w in words
+            if w in _EN_DATES or w.removesuffix("s") in _EN_DATES
+        }
+    )
     zh_content: tuple[str, ...] = ()
     if cjk:
         dates += sorted(d for d in _ZH_DATES if d in canon)
@@ -251,6 +357,9 @@ def features(text: str) -> Features:
         polarity=_polarity(canon, words, _EN_ANTONYMS + _ZH_ANTONYMS),
         scope=tuple(scope),
         zh_content=zh_content,
+        units=_units(canon),
+        actor=_actor(words),
+        tokens=tuple(_TOKEN.findall(canon)),
         words=frozenset(words),
         negated_stems=_prefix_negated(words),
     )
@@ -288,4 +397,10 @@ def disagreement(a: Features, b: Features) -> str | None:
         return "scope"
     if a.zh_content != b.zh_content:
         return "zh_content"
+    if a.units != b.units:
+        return "units"
+    if a.actor and b.actor and a.actor != b.actor:
+        return "actor"
+    if _exchanged(a.tokens, b.tokens):
+        return "order"
     return None

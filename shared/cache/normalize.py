@@ -141,17 +141,16 @@ class Turn:
         return "\n".join(content for _, content in self.context)
 
 
-def split_turn(messages: Sequence[Message], *, context_messages: int) -> Turn:
-    """System prompt, the last ``context_messages`` earlier turns, and the final user message.
+def split_turn(messages: Sequence[Message]) -> Turn:
+    """System prompt, every earlier turn, and the final user message.
 
-    Older turns than that are dropped: a conversation that agrees on its recent turns and its
-    question is asking the same thing, and the context must stay short enough to embed.
+    The context is the whole conversation before the question: a detail in its first turn (an
+    order number, a city, an allergy) can change the answer as much as one in its last.
     """
     system = "\n".join(normalize(m.content) for m in messages if m.role == "system")
     rest = [m for m in messages if m.role != "system"]
     question = normalize(rest[-1].content) if rest else ""
-    earlier = rest[:-1][-context_messages:] if context_messages > 0 else []
-    context = tuple((m.role, normalize(m.content)) for m in earlier)
+    context = tuple((m.role, normalize(m.content)) for m in rest[:-1])
     return Turn(system=system, context=context, question=question)
 
 
@@ -173,8 +172,8 @@ def exact_key(
     max_tokens: int,
     temperature: float | None,
 ) -> str:
-    """Hash of everything that changes the answer; the whole conversation, not only the
-    last ``context_messages`` (the exact tier promises the very same request)."""
+    """Hash of everything that changes the answer (the exact tier promises the very same
+    request)."""
     convo = [(m.role, normalize(m.content)) for m in messages]
     return _digest(["x1", tenant, model, convo, max_tokens, temperature])
 

@@ -19,8 +19,12 @@ from shared.protocol import Message
 @dataclass(frozen=True, slots=True)
 class Policy:
     threshold: float = 0.92
-    context_threshold: float = 0.95
-    context_messages: int = 4
+    # None: the earlier turns of a conversation must be the same (after normalisation) for its
+    # last question to be served from another conversation's answer. A number: they may differ
+    # if their embeddings are this similar and the guards agree; measured to serve wrong answers
+    # (docs/benchmarks.md), so only on request.
+    context_threshold: float | None = None
+    context_messages: int = 4  # recent earlier messages embedded when context_threshold is set
     max_temperature: float = 0.7
     store_truncated: bool = False
 
@@ -56,7 +60,12 @@ class Query:
         temperature: float | None,
     ) -> None:
         self.tenant = tenant
-        self.turn: Turn = split_turn(messages, context_messages=policy.context_messages)
+        self.turn: Turn = split_turn(messages)
+        self._embedded_context = (
+            self.turn.context[-policy.context_messages :]
+            if policy.context_threshold is not None and policy.context_messages > 0
+            else ()
+        )
         self.raw_question = next((m.content for m in reversed(messages) if m.role == "user"), "")
         self.exact = exact_key(
             tenant=tenant,
@@ -75,8 +84,14 @@ class Query:
 
     @property
     def embed_context(self) -> str:
-        # Most recent first: when the embedder truncates, the oldest turns go.
-        return "\n".join(content for _, content in reversed(self.turn.context))
+        """The earlier turns' text to embed; "" unless contexts are compared semantically.
+        Most recent first: when the embedder truncates, the oldest turns go."""
+        return "\n".join(content for _, content in reversed(self._embedded_context))
+
+    @property
+    def embed_texts(self) -> list[str]:
+        """What the embedder gets for this request: the question, then the context if any."""
+        return [self.embed_question] + ([self.embed_context] if self.embed_context else [])
 
     @cached_property
     def question_features(self) -> Features:
@@ -111,6 +126,8 @@ def judge(
     if candidate.completion_tokens > query.max_tokens:
         return "max_tokens"  # the stored answer is longer than this client allows
     if candidate.context_key != query.context:
+        if policy.context_threshold is None:
+            return "context"
         if not candidate.context or not query.turn.context:
             return "context"
         if candidate.context_vector is None or context_vector is None:

@@ -7,6 +7,7 @@ import pytest
 
 from shared.cache.guards import disagreement, features
 from shared.cache.normalize import canonical, exact_key, normalize, split_turn
+from shared.cache.policy import Candidate, Policy, Query, judge
 from shared.protocol import Message
 
 
@@ -28,6 +29,14 @@ def _differ(a: str, b: str) -> str | None:
         ("北京今天天气怎么样？", "上海今天天气怎么样？", "zh_content"),
         ("二十三路公交几点收车？", "三十二路公交几点收车？", "numbers"),
         ("今天天气怎么样？", "明天天气怎么样？", "dates"),
+        ("What time does the museum open on weekdays?", "What time does the museum open on weekends?", "dates"),
+        ("My suitcase weighs 23 kg, is that too heavy?", "My suitcase weighs 23 lb, is that too heavy?", "units"),
+        ("How long do I bake bread at 200 c?", "How long do I bake bread at 200 f?", "units"),
+        ("What is 100 dollars in yen?", "What is 100 dollars in euros?", "units"),
+        ("Is Rust harder to learn than Go?", "Is Go harder to learn than Rust?", "order"),
+        ("How do I move files from my phone to my laptop?", "How do I move files from my laptop to my phone?", "order"),
+        ("上海夏天比北京热吗？", "北京夏天比上海热吗？", "order"),
+        ("My neighbour owes me money, what can I do?", "I owe my neighbour money, what can I do?", "actor"),
     ],
 )  # fmt: skip
 def test_traps_disagree(a: str, b: str, reason: str) -> None:
@@ -43,6 +52,13 @@ def test_traps_disagree(a: str, b: str, reason: str) -> None:
         ("今天北京天气怎么样？", "北京今天天气如何？"),
         ("订单二十三号在哪", "订单23号在哪"),
         ("怎么重置密码？", "请问如何重置密码呢？"),
+        ("I weigh 70 kilograms, is that healthy?", "I weigh 70 kg, is that healthy?"),
+        (
+            "What's the difference between TCP and UDP?",
+            "What's the difference between UDP and TCP?",
+        ),
+        ("How do I sort a list in Python?", "In Python, how do I sort a list?"),
+        ("Is the shop open on Sundays?", "Is the shop open on Sunday?"),
     ],
 )
 def test_paraphrases_agree(a: str, b: str) -> None:
@@ -76,11 +92,58 @@ def test_exact_key_depends_on_tenant_model_context_and_sampling() -> None:
         assert exact_key(**{**base, **change}) != key, change  # type: ignore[arg-type]
 
 
-def test_split_turn_keeps_recent_context_only() -> None:
-    """The context is the last N earlier turns; the system prompt is kept apart."""
+def test_split_turn_keeps_every_earlier_turn() -> None:
+    """The context is the whole conversation before the question, its first turn included (a
+    detail there can change the answer); the system prompt is kept apart."""
     msgs = [Message(role="system", content="S")] + [
         Message(role="user" if i % 2 == 0 else "assistant", content=f"m{i}") for i in range(7)
     ]
-    turn = split_turn(msgs, context_messages=2)
+    turn = split_turn(msgs)
     assert turn.system == "s" and turn.question == "m6"
-    assert [c for _, c in turn.context] == ["m4", "m5"]
+    assert [c for _, c in turn.context] == [f"m{i}" for i in range(6)]
+
+
+def _query(messages: list[Message]) -> Query:
+    return Query(
+        Policy(), tenant="t", model="m", embedder="e", messages=messages, max_tokens=64,
+        temperature=None,
+    )  # fmt: skip
+
+
+def _candidate(query: Query) -> Candidate:
+    return Candidate(
+        question=query.raw_question,
+        context=query.turn.context_text,
+        context_key=query.context,
+        context_vector=None,
+        completion_tokens=1,
+    )
+
+
+def test_judge_serves_a_conversation_only_after_the_same_earlier_turns() -> None:
+    """By default the earlier turns must be the same, however similar: a follow-up after
+    order 90317 is not answered from one after order 90371, nor from the question alone."""
+
+    def convo(order: str, question: str) -> list[Message]:
+        return [
+            Message(role="user", content=f"Where is order {order}?"),
+            Message(role="assistant", content=f"Order {order} shipped yesterday."),
+            Message(role="user", content=question),
+        ]
+
+    cached = _query(convo("90317", "When will it arrive?"))
+    assert (
+        judge(
+            Policy(), _query(convo("90317", "when will it arrive")), _candidate(cached), 0.99, None
+        )
+        is None
+    )
+    assert (
+        judge(
+            Policy(), _query(convo("90371", "When will it arrive?")), _candidate(cached), 0.99, None
+        )
+        == "context"
+    )
+    alone = _query([Message(role="user", content="When will it arrive?")])
+    assert judge(Policy(), alone, _candidate(cached), 0.99, None) == "context"
+    assert _query(convo("1", "x")).embed_texts == ["x"]  # no context embedding by default
