@@ -250,8 +250,21 @@ class Settings(BaseSettings):
     cache_semantic: bool = Field(
         True, description="Use the semantic tier (embeddings); off leaves only exact hits."
     )
-    cache_threshold: float = Field(
-        0.92, gt=0, le=1, description="Least cosine similarity of two questions for a hit."
+    cache_max_error_rate: float = Field(
+        0.01,
+        gt=0,
+        lt=1,
+        description="The risk of the semantic tier: the most traps (similar questions with "
+        "another answer) it may serve, as a share. The similarity threshold is the lowest whose "
+        "measured wrong-serve rate, as a 95% upper bound, is within it "
+        "(shared/cache/calibrated.py; docs/benchmarks.md gives the trade-off).",
+    )
+    cache_threshold: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Least cosine similarity of two questions for a hit; set, it overrides "
+        "the threshold chosen from cache_max_error_rate.",
     )
     cache_context_threshold: float | None = Field(
         None,

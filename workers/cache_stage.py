@@ -15,6 +15,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from shared.cache.calibrated import CALIBRATION
+from shared.cache.calibration import threshold_for
 from shared.cache.index import Vector
 from shared.cache.policy import Policy, Query, judge, servable, storable
 from shared.cache.store import CacheStore, NewEntry, StoredAnswer
@@ -41,9 +43,14 @@ class Lookup:
     reasons: list[str] = field(default_factory=list)
 
 
-def policy_from(settings: Settings) -> Policy:
+def policy_from(settings: Settings, embedder: str) -> Policy:
+    """The cache policy of these settings for vectors of model ``embedder``: the threshold is
+    the one set, else the one its calibration gives for the operator's risk."""
+    threshold = settings.cache_threshold
+    if threshold is None:
+        threshold = threshold_for(CALIBRATION, embedder, settings.cache_max_error_rate)
     return Policy(
-        threshold=settings.cache_threshold,
+        threshold=threshold,
         context_threshold=settings.cache_context_threshold,
         context_messages=settings.cache_context_messages,
         max_temperature=settings.cache_max_temperature,
@@ -55,9 +62,9 @@ class CacheStage:
     def __init__(self, ctx: WorkerContext, embedder: Embedder | None) -> None:
         settings = ctx.settings
         self.settings = settings
-        self.policy = policy_from(settings)
         self.embedder = embedder
         self.embedder_name = embedder.name if embedder else "none"
+        self.policy = policy_from(settings, self.embedder_name)
         self.store = CacheStore(
             ctx.redis,
             ctx.keys,

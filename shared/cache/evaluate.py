@@ -13,8 +13,8 @@ Reporting them side by side shows how far a change generalises beyond the set it
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -83,29 +83,46 @@ def served(
     policy: Policy, embedder: Embedder, pairs: list[Pair], mode: Mode = "guarded"
 ) -> list[bool]:
     """For each pair: would `b` be answered by the entry cached for `a`?"""
+    return sweep(policy, embedder, pairs, [policy.threshold], mode)[0]
+
+
+def sweep(
+    policy: Policy,
+    embedder: Embedder,
+    pairs: list[Pair],
+    thresholds: Sequence[float],
+    mode: Mode = "guarded",
+) -> list[list[bool]]:
+    """`served` at each of ``thresholds`` (the rest of ``policy`` as is), embedding once."""
     qa = [_query(policy, p.a, embedder.name, mode) for p in pairs]
     qb = [_query(policy, p.b, embedder.name, mode) for p in pairs]
-    vecs = embedder.embed([q.embed_question for q in qa + qb])
-    va, vb = vecs[: len(pairs)], vecs[len(pairs) :]
-    ctx_texts = sorted({q.embed_context for q in qa + qb if q.embed_context})
-    ctx_vecs = dict(zip(ctx_texts, embedder.embed(ctx_texts), strict=True)) if ctx_texts else {}
+    # One request's texts a call, as the worker embeds them: the int8 model quantises its
+    # activations per call and pads to the longest text, so a batch of many pairs would give
+    # slightly other vectors than production.
+    vectors = [embedder.embed(q.embed_texts) for q in qa + qb]
+    va, vb = [v[0] for v in vectors[: len(pairs)]], [v[0] for v in vectors[len(pairs) :]]
+    ctx_vecs = {q.embed_context: v[1] for q, v in zip(qa + qb, vectors, strict=True) if len(v) > 1}
+    scores = [float(np.dot(x, y)) for x, y in zip(va, vb, strict=True)]
     out = []
-    for a, b, x, y in zip(qa, qb, va, vb, strict=True):
-        if a.exact == b.exact:
-            out.append(True)
-            continue
-        score = float(np.dot(x, y))
-        if mode == "cosine":
-            out.append(score >= policy.threshold)
-            continue
-        candidate = Candidate(
-            question=a.raw_question,
-            context=a.turn.context_text,
-            context_key=a.context,
-            context_vector=ctx_vecs.get(a.embed_context),
-            completion_tokens=1,
-        )
-        out.append(judge(policy, b, candidate, score, ctx_vecs.get(b.embed_context)) is None)
+    for threshold in thresholds:
+        at = replace(policy, threshold=threshold)
+        hits = []
+        for a, b, score in zip(qa, qb, scores, strict=True):
+            if a.exact == b.exact:
+                hits.append(True)
+            elif mode == "cosine":
+                hits.append(score >= threshold)
+            else:
+                candidate = Candidate(
+                    question=a.raw_question,
+                    context=a.turn.context_text,
+                    context_key=a.context,
+                    context_vector=ctx_vecs.get(a.embed_context),
+                    completion_tokens=1,
+                )
+                reason = judge(at, b, candidate, score, ctx_vecs.get(b.embed_context))
+                hits.append(reason is None)
+        out.append(hits)
     return out
 
 

@@ -259,6 +259,45 @@ def test_cli_reports_every_set_side_by_side(tmp_path: Path) -> None:
     assert "threshold 0.5" in text.stdout and "near_repeat" in text.stdout
 
 
+def test_calibrate_prints_each_threshold_and_renders_an_importable_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cache calibrate` measures every threshold of its grid; --write renders a table the
+    workers import (written here to a temporary file, not the checkout's)."""
+    from firsttoken import cachecli
+    from shared.cache.calibration import Point
+
+    data = _tiny_sets(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "firsttoken", "cache", "calibrate", "--data-dir", str(data),
+         "--sets", "validation", "--grid", "0.8:0.9:0.05"],
+        cwd=ROOT, env={**child_env(), "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[0] for line in proc.stdout.splitlines()[1:4]] == [
+        "0.800",
+        "0.850",
+        "0.900",
+    ]
+    assert "0/2" in proc.stdout and "max error rate 0.01" in proc.stdout
+
+    source = cachecli.render_calibrated({"m": [Point(0.9, 0, 2, 1, 1)]}, "validation")
+    namespace: dict[str, object] = {}
+    exec(compile(source, "calibrated.py", "exec"), namespace)
+    assert namespace["CALIBRATION"] == {"m": (Point(0.9, 0, 2, 1, 1),)}
+
+
+@pytest.mark.parametrize("grid", ["0.9:0.8:0.01", "a:b:c", "0.8:0.9:0"])
+def test_calibrate_refuses_a_bad_grid(grid: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "firsttoken", "cache", "calibrate", "--grid", grid],
+        cwd=ROOT, env={**child_env(), "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--grid" in proc.stderr
+
+
 def test_cli_one_file_keeps_the_single_set_shape(tmp_path: Path) -> None:
     data = _tiny_sets(tmp_path)
     proc = _eval(str(data / "validation" / "v.jsonl"), "--json")
