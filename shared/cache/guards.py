@@ -167,6 +167,10 @@ _UNIT_TOKEN = re.compile(
 _FIRST_PERSON_SUBJECT = {"i", "we", "i'm", "i've", "i'd", "i'll", "we're", "we've"}
 _FIRST_PERSON_OTHER = {"me", "my", "mine", "myself", "us", "our", "ours", "ourselves"}
 
+# The exchanged-pieces search is quadratic in the differing span; past this many tokens a
+# reordering is refused outright.
+_EXCHANGE_SEARCH_MAX = 64
+
 # Words that join two things symmetrically: "TCP and UDP" asks what "UDP and TCP" asks.
 _SYMMETRIC = {"and", "or", "vs", "versus", "&", "和", "与", "跟", "及", "或"}
 _TOKEN = re.compile(r"[a-z0-9]+(?:[.'/-][a-z0-9]+)*|[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|&")
@@ -255,6 +259,8 @@ def _exchanged(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
         end -= 1
     ma, mb = a[start:end], b[start:end]
     n = len(ma)
+    if n > _EXCHANGE_SEARCH_MAX:
+        return True  # too long to search cheaply: a reordered long text is a miss, not a risk
     for p in range(1, n - 1):
         for q in range(1, n - p):
             middle = ma[p : n - q]

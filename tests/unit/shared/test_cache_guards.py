@@ -147,3 +147,43 @@ def test_judge_serves_a_conversation_only_after_the_same_earlier_turns() -> None
     alone = _query([Message(role="user", content="When will it arrive?")])
     assert judge(Policy(), alone, _candidate(cached), 0.99, None) == "context"
     assert _query(convo("1", "x")).embed_texts == ["x"]  # no context embedding by default
+
+
+ODD_TEXTS = [
+    "",
+    "   \n\t ",
+    "🙂🙂🙂",
+    "Wie geht's? 你好 مرحبا こんにちは 123",
+    "```python\nfor i in range(10):\n    print(i)\n```",
+    "x" * 100_000,
+    " ".join(f"w{i}" for i in range(20_000)),
+]
+
+
+@pytest.mark.parametrize("text", ODD_TEXTS, ids=lambda t: repr(t[:12]))
+def test_odd_questions_never_crash_a_guard(text: str) -> None:
+    """Empty, whitespace, emoji-only, mixed-script, code and 100k-character questions are
+    compared like any other; a question always agrees with itself."""
+    for other in ODD_TEXTS:
+        disagreement(features(text), features(other))
+    assert disagreement(features(text), features(text)) is None
+
+
+def test_a_long_reordered_text_is_refused_without_a_quadratic_search() -> None:
+    """Two long texts with the same words in another order are not served from each other."""
+    words = [f"w{i}" for i in range(20_000)]
+    assert _differ(" ".join(words), " ".join(reversed(words))) == "order"
+
+
+def test_requests_never_share_a_partition_across_models_or_system_prompts() -> None:
+    """The semantic index searched depends on the model and the system prompt."""
+
+    def query(model: str, system: str) -> Query:
+        msgs = [Message(role="system", content=system), Message(role="user", content="hi")]
+        return Query(
+            Policy(), tenant="t", model=model, embedder="e", messages=msgs, max_tokens=8,
+            temperature=None,
+        )  # fmt: skip
+
+    keys = {query(m, s).partition for m in ("a", "b") for s in ("be brief", "be long")}
+    assert len(keys) == 4
