@@ -26,7 +26,10 @@ ChatId = Annotated[str, Field(min_length=1, max_length=128)]
 
 
 class _Frame(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a JSON string is not a number ("5"), a number or a string is not a boolean
+    # (1, "yes"), a boolean is not an integer (true); lax coercion would run a chat the client
+    # did not ask for. An integer still passes for a float (temperature: 1), as JSON means it.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Message(_Frame):
@@ -76,11 +79,27 @@ _CLIENT_FRAME: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
 CLIENT_FRAME_TYPES = ("chat", "cancel", "resume", "ping")
 
 
+_TYPE_ERRORS = frozenset({"int_type", "float_type", "bool_type", "string_type", "list_type"})
+# The JSON name of what a client sent, for "…, not a string" in a type error.
+_JSON_TYPES: dict[type, str] = {
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a decimal number",
+    list: "an array",
+    dict: "an object",
+    type(None): "null",
+}
+
+
 def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
         loc = ".".join(str(p) for p in err["loc"] if p not in CLIENT_FRAME_TYPES)
-        parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+        msg = err["msg"]
+        if err["type"] in _TYPE_ERRORS and type(err["input"]) in _JSON_TYPES:
+            msg = f"{msg}, not {_JSON_TYPES[type(err['input'])]}"
+        parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
 
 
