@@ -47,7 +47,9 @@ class ChatFrame(_Frame):
     cache: bool = True
     # Server-kept history (issue 5): "new" starts a conversation (its id comes back in
     # `accepted` and `done`); an id continues one, and the client sends only the new message.
-    conversation_id: str | None = Field(None, min_length=1, max_length=64)
+    # Ids are minted by the server (a hex uuid), so printable ASCII is all one can be; a NUL or
+    # other control character would otherwise reach the database's lookup as is.
+    conversation_id: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[!-~]+$")
 
 
 # `model: "auto"` routes the chat to the small or the large model (shared/routing.py).
@@ -97,7 +99,9 @@ def _describe(exc: ValidationError) -> str:
     for err in exc.errors()[:5]:
         loc = ".".join(str(p) for p in err["loc"] if p not in CLIENT_FRAME_TYPES)
         msg = err["msg"]
-        if err["type"] in _TYPE_ERRORS and type(err["input"]) in _JSON_TYPES:
+        if err["type"] == "string_pattern_mismatch":  # conversation_id's, the one pattern
+            msg = "must be an id the server returned (printable ASCII, no spaces)"
+        elif err["type"] in _TYPE_ERRORS and type(err["input"]) in _JSON_TYPES:
             msg = f"{msg}, not {_JSON_TYPES[type(err['input'])]}"
         parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)

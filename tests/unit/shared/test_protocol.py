@@ -70,6 +70,7 @@ COERCIBLE = [
     ({"temperature": True}, "temperature: Input should be a valid number, not a boolean"),
     ({"model": 5}, "model: Input should be a valid string, not a number"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ({"conversation_id": "c\x00"}, "conversation_id: must be an id the server returned"),
 ]
 
 
