@@ -29,7 +29,8 @@ class _Frame(BaseModel):
     # strict: a JSON string is not a number ("5"), a number or a string is not a boolean
     # (1, "yes"), a boolean is not an integer (true); lax coercion would run a chat the client
     # did not ask for. An integer still passes for a float (temperature: 1), as JSON means it.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # hide_input_in_errors: an error chained to a logged exception must not quote the text.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, hide_input_in_errors=True)
 
 
 class Message(_Frame):
