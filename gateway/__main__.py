@@ -9,7 +9,9 @@ import socket
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
+from gateway.headertimeout import header_timeout_protocol
 from shared.errors import ConfigError
+from shared.logs import configure_logging
 from shared.settings import get_settings
 
 
@@ -50,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host,
         port=args.port,
         loop="uvloop",
-        http="httptools",
+        # httptools, with a deadline on reading headers (gateway/headertimeout.py).
+        http=header_timeout_protocol(settings.http_header_timeout_s),
         ws="websockets-sansio",
         # Oversize frames get an `invalid_request` from the parser; only far larger ones
         # are cut off by the websocket layer itself.
@@ -60,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         access_log=False,
         lifespan="on",
     )
+    # After uvicorn's own logging set-up (in Config), which covers only its loggers.
+    configure_logging(settings.log_level)
     server = uvicorn.Server(config)
     sockets = [reuse_port_socket(args.host, args.port)] if args.reuse_port else None
     with contextlib.suppress(KeyboardInterrupt):

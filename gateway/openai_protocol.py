@@ -61,7 +61,8 @@ class UnknownModel(InvalidRequest):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # hide_input_in_errors: an error chained to a logged exception must not quote the text.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, hide_input_in_errors=True)
 
 
 class StreamOptions(_Strict):

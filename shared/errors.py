@@ -14,6 +14,10 @@
 
 Boundaries (Redis, SQLAlchemy, engines) wrap their own exceptions into this tree with
 ``raise ... from exc``; :func:`error_frame` is the one translator to the wire.
+
+A message is what the client reads: it names models, never an engine's URL, host or port, and
+never quotes prompt or answer text. What only an operator needs (the engine's address, the
+driver's own error) goes in ``detail``, which is logged and never sent.
 """
 
 from __future__ import annotations
@@ -42,10 +46,13 @@ class ConfigError(Exception):
 class FirstTokenError(Exception):
     code: ErrorCode = ErrorCode.INTERNAL
 
-    def __init__(self, message: str, *, retry_after_ms: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, retry_after_ms: int | None = None, detail: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after_ms = retry_after_ms
+        self.detail = detail  # for the log only (see the module docstring)
 
 
 class InvalidRequest(FirstTokenError):

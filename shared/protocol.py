@@ -26,7 +26,11 @@ ChatId = Annotated[str, Field(min_length=1, max_length=128)]
 
 
 class _Frame(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a JSON string is not a number ("5"), a number or a string is not a boolean
+    # (1, "yes"), a boolean is not an integer (true); lax coercion would run a chat the client
+    # did not ask for. An integer still passes for a float (temperature: 1), as JSON means it.
+    # hide_input_in_errors: an error chained to a logged exception must not quote the text.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, hide_input_in_errors=True)
 
 
 class Message(_Frame):
@@ -44,7 +48,9 @@ class ChatFrame(_Frame):
     cache: bool = True
     # Server-kept history (issue 5): "new" starts a conversation (its id comes back in
     # `accepted` and `done`); an id continues one, and the client sends only the new message.
-    conversation_id: str | None = Field(None, min_length=1, max_length=64)
+    # Ids are minted by the server (a hex uuid), so printable ASCII is all one can be; a NUL or
+    # other control character would otherwise reach the database's lookup as is.
+    conversation_id: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[!-~]+$")
 
 
 # `model: "auto"` routes the chat to the small or the large model (shared/routing.py).
@@ -76,11 +82,29 @@ _CLIENT_FRAME: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
 CLIENT_FRAME_TYPES = ("chat", "cancel", "resume", "ping")
 
 
+_TYPE_ERRORS = frozenset({"int_type", "float_type", "bool_type", "string_type", "list_type"})
+# The JSON name of what a client sent, for "…, not a string" in a type error.
+_JSON_TYPES: dict[type, str] = {
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a decimal number",
+    list: "an array",
+    dict: "an object",
+    type(None): "null",
+}
+
+
 def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
         loc = ".".join(str(p) for p in err["loc"] if p not in CLIENT_FRAME_TYPES)
-        parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+        msg = err["msg"]
+        if err["type"] == "string_pattern_mismatch":  # conversation_id's, the one pattern
+            msg = "must be an id the server returned (printable ASCII, no spaces)"
+        elif err["type"] in _TYPE_ERRORS and type(err["input"]) in _JSON_TYPES:
+            msg = f"{msg}, not {_JSON_TYPES[type(err['input'])]}"
+        parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
 
 

@@ -233,6 +233,14 @@ class Settings(BaseSettings):
     max_connections: int = Field(
         10_000, ge=1, description="Websocket connections per gateway process; more are refused."
     )
+    http_header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A connection must send its request headers (the websocket handshake "
+        "included) within this long of connecting, or of its next request's first byte, or it "
+        "is closed: a client trickling headers (slowloris) cannot hold sockets open. Far "
+        "above what any real client needs, even on a slow mobile link.",
+    )
     idle_timeout_s: float = Field(
         300.0,
         gt=0,
@@ -419,7 +427,9 @@ class Settings(BaseSettings):
     )
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        "INFO", description="Log level of firsttoken's own loggers."
+        "INFO",
+        description="Log level of the gateway's own loggers (a worker's is `firsttoken worker "
+        "--loglevel`). No level logs prompt or answer text (shared/logs.py).",
     )
 
     @model_validator(mode="after")

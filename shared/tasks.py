@@ -17,11 +17,15 @@ from pydantic import BaseModel, ConfigDict
 
 from shared.protocol import Message, dumps
 
+# A payload that does not validate is logged by whoever reads it (Celery, the chat consumer):
+# its error must not quote the values, which hold prompt and answer text.
+_PAYLOAD = ConfigDict(frozen=True, hide_input_in_errors=True)
+
 
 class ChatJob(BaseModel):
     """Everything a chat worker needs; travels as the `job` kwarg of the chat task."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = _PAYLOAD
 
     job_id: str
     chat_id: str
@@ -42,6 +46,8 @@ class ChatJob(BaseModel):
 class UsageRecord(BaseModel):
     """One row of `usage_events`; idempotent on request_id."""
 
+    model_config = ConfigDict(hide_input_in_errors=True)
+
     request_id: str
     tenant_id: str
     key_id: str
@@ -60,6 +66,8 @@ class UsageRecord(BaseModel):
 
 class MessagesRecord(BaseModel):
     """The turn's text, written only when `store_text` is on; idempotent on request_id."""
+
+    model_config = ConfigDict(hide_input_in_errors=True)
 
     request_id: str
     tenant_id: str
@@ -125,7 +133,7 @@ def task_message(
 class TaskCall(BaseModel):
     """One Celery protocol-2 task message, as a consumer reads it off a kombu Redis list."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = _PAYLOAD
 
     name: str
     task_id: str

@@ -448,6 +448,9 @@ class ChatRun:
     async def _failed(self, exc: BaseException) -> None:
         if not isinstance(exc, FirstTokenError):
             log.exception("chat %s failed", self.job.job_id, exc_info=exc)
+        elif exc.detail is not None:
+            # What the client's message leaves out (the engine's address, the driver's error).
+            log.warning("chat %s failed: %s", self.job.job_id, exc.detail)
         self.stream.stop()
         frame = error_frame(self.job.chat_id, exc)
         with contextlib.suppress(Exception):

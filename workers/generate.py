@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from shared.engines.base import Delta, Engine, EngineRequest
-from shared.engines.deadlines import with_deadlines
+from shared.engines.deadlines import EngineStalled, with_deadlines
 from shared.errors import DeadlineExceeded, EngineError, FirstTokenError
 from shared.modeltable import ModelSpec, ModelTable
 from shared.protocol import CHUNK_STARTED, Failover, encode_started
@@ -80,6 +80,16 @@ def final_error(failures: Sequence[Failure]) -> FirstTokenError:
     if all(isinstance(f.error, DeadlineExceeded) for f in failures):
         return DeadlineExceeded(message)
     return EngineError(message)
+
+
+def from_model(error: FirstTokenError, model: str) -> FirstTokenError:
+    """An engine's own error as the client reads it: which model failed (engines name no
+    server, and one server may serve several models). The deadline errors name it already."""
+    if not isinstance(error, EngineError) or isinstance(error, EngineStalled):
+        return error
+    named = type(error)(f"model {model!r}: {error.message}", detail=error.detail)
+    named.__cause__ = error
+    return named
 
 
 # --- the stage -----------------------------------------------------------------------------
@@ -142,18 +152,21 @@ class Generation:
                         seen = seen or bool(delta.text) or delta.finish_reason is not None
                         yield delta
                 return
-            except FirstTokenError as exc:
+            except FirstTokenError as raised:
+                exc = from_model(raised, spec.name)
                 left = len(chain) - index - 1
-                if seen:
+                if seen and exc is raised:
                     raise
+                if seen:
+                    raise exc from raised
                 self.failures.append(Failure(spec.name, exc))
                 if next_step(exc, first_token_seen=seen, models_left=left) == "fail":
-                    raise final_error(self.failures) from exc
+                    raise final_error(self.failures) from raised
                 nxt = chain[index + 1]
                 log.warning(
                     "model %s failed before its first token (%s); trying %s",
                     spec.name,
-                    exc.message,
+                    exc.detail or exc.message,
                     nxt.name,
                 )
                 if self._on_failover is not None:

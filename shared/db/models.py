@@ -11,6 +11,7 @@ append-only event logs written by retried background tasks, and a row must never
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import (
     Boolean,
@@ -25,7 +26,9 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
 
 # Deterministic constraint names: migrations and batch mode on SQLite need them to alter tables.
 NAMING_CONVENTION = {
@@ -41,6 +44,34 @@ ID_LEN = 64  # uuid4 hex is 32; room for ids minted elsewhere (e.g. "chat-..." r
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+NUL = "\x00"
+NUL_REPLACEMENT = "\ufffd"
+
+
+def storable_text(value: str) -> str:
+    """`value` with every U+0000 replaced by U+FFFD (the replacement character).
+
+    PostgreSQL's text type cannot hold NUL (the insert fails, so a conversation turn whose
+    prompt or answer had one was lost and the next turn found no conversation). Dropping the
+    character would join the words around it and change the text's length; U+FFFD keeps a
+    visible mark of "a character was here that could not be kept", and the rest of the turn is
+    stored as sent. SQLite could store NUL, but both databases get the same rule so history
+    reads back the same on either.
+    """
+    return value.replace(NUL, NUL_REPLACEMENT) if NUL in value else value
+
+
+class StoredText(TypeDecorator[str]):
+    """Text written by clients or engines (messages, summaries, documents): NUL-free on the way
+    in (:func:`storable_text`), plain TEXT in the schema."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        return storable_text(value) if isinstance(value, str) else value
 
 
 class Base(DeclarativeBase):
@@ -86,7 +117,7 @@ class Conversation(Base):
     tenant_id: Mapped[str] = mapped_column(String(ID_LEN))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    summary: Mapped[str | None] = mapped_column(Text)
+    summary: Mapped[str | None] = mapped_column(StoredText)
     # The summary covers this conversation's messages with id <= summary_upto (issue 5).
     summary_upto: Mapped[int | None] = mapped_column(Integer)
 
@@ -107,7 +138,7 @@ class MessageRow(Base):
     conversation_id: Mapped[str | None] = mapped_column(String(ID_LEN))
     tenant_id: Mapped[str] = mapped_column(String(ID_LEN))
     role: Mapped[str] = mapped_column(String(16))
-    content: Mapped[str] = mapped_column(Text)
+    content: Mapped[str] = mapped_column(StoredText)
     model: Mapped[str | None] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
@@ -183,6 +214,6 @@ class KbChunk(Base):
     )
     tenant_id: Mapped[str] = mapped_column(String(ID_LEN))
     position: Mapped[int] = mapped_column(Integer)
-    text: Mapped[str] = mapped_column(Text)
+    text: Mapped[str] = mapped_column(StoredText)
     embedding: Mapped[bytes] = mapped_column(LargeBinary)
     embed_model: Mapped[str] = mapped_column(String(128))

@@ -49,6 +49,9 @@ def _enable_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """An async engine for `url`; extra kwargs go to `create_async_engine` (e.g. poolclass)."""
     parsed = make_url(url)
+    # A statement error's message would otherwise carry its bound values, i.e. the prompt and
+    # answer text of a turn, into the worker's log and Celery's task result.
+    kwargs.setdefault("hide_parameters", True)
     if parsed.get_backend_name() == "sqlite":
         path = _sqlite_file(parsed)
         if path is not None:

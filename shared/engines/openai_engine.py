@@ -21,8 +21,10 @@ task that iterates it, or by ``abort(request_id)`` from any task: that closes th
 under the reader, whose stream then ends with a last ``Delta(finish_reason="abort")``
 (nothing is raised).
 
-Failures are ``EngineError`` with the server's URL and the reason (unreachable, timed out,
-HTTP status and the server's message, stream broken off, malformed chunk). Connection errors
+Failures are ``EngineError`` with the reason (unreachable, timed out, HTTP status and the
+server's message, stream broken off, malformed chunk) as the client may read it: no URL, host
+or port (the generation stage puts the model's name in front); the server's URL and the
+driver's own error go in the error's ``detail``, for the log. Connection errors
 and HTTP 502/503/504 are retried ``FIRSTTOKEN_ENGINE_RETRIES`` times, only before the first
 token. Deadlines on the first token and between tokens are applied around every engine by
 ``shared.engines.deadlines``.
@@ -32,10 +34,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -54,6 +58,15 @@ RETRYABLE_STATUS = frozenset({502, 503, 504})
 KEEPALIVE_S = 4.0
 # An error body is read this far for its message.
 ERROR_BODY_BYTES = 64 * 1024
+# What an address in a server's error message looks like: a URL, a host (a dotted name, a name,
+# a bracketed IPv6 address) with a port, or an IPv4 address.
+_ADDRESS = re.compile(
+    r"\b[a-z][a-z0-9+.-]*://\S+"
+    r"|(?:\[[0-9a-f:.]+\]|\b(?:[a-z0-9-]+\.)+[a-z0-9-]+|\b[a-z][a-z0-9-]*):\d{2,5}\b"
+    r"|\b\d{1,3}(?:\.\d{1,3}){3}\b",
+    re.IGNORECASE,
+)
+E = TypeVar("E", bound=EngineError)
 
 
 class EngineUnavailable(EngineError):
@@ -75,6 +88,13 @@ class OpenAIEngine:
         if not url:
             raise ConfigError("the openai engine needs FIRSTTOKEN_ENGINE_URL")
         self.url = url
+        parts = urlsplit(url)
+        # Longest first, so the URL goes before the host it contains.
+        self._addresses = sorted(
+            {url.rstrip("/"), parts.netloc, parts.hostname or parts.netloc} - {""},
+            key=len,
+            reverse=True,
+        )
         self.retries = settings.engine_retries
         self.stats = EngineStats()
         # No read timeout: a long answer may stream for minutes; the generation stage's
@@ -170,17 +190,19 @@ class OpenAIEngine:
         try:
             response = await self._http.post(self._head, orjson.dumps(body))
         except TimeoutError as exc:  # the connect deadline
-            raise EngineError(f"engine at {self.url} timed out connecting: {exc!r}") from exc
+            raise self._error(EngineError, "the engine timed out connecting", exc) from exc
         except OSError as exc:
             # Refused, unresolvable, or the connection dropped before an answer.
-            raise EngineUnavailable(f"engine at {self.url} unreachable: {exc!r}") from exc
+            reason = f"the engine is unreachable ({type(exc).__name__})"
+            raise self._error(EngineUnavailable, reason, exc) from exc
         if response.status != 200:
             try:
                 detail = await _error_detail(response)
             finally:
                 response.close()
             error = EngineUnavailable if response.status in RETRYABLE_STATUS else EngineError
-            raise error(f"engine at {self.url} returned HTTP {response.status}: {detail}")
+            reason = f"the engine returned HTTP {response.status}: {self._scrub(detail)}"
+            raise self._error(error, reason, detail)
         return response
 
     async def _deltas(
@@ -197,7 +219,8 @@ class OpenAIEngine:
                 if chunk.get("error") is not None:
                     error = chunk["error"]
                     message = error.get("message") if isinstance(error, dict) else error
-                    raise EngineError(f"engine at {self.url} failed mid-stream: {message}")
+                    reason = f"the engine failed mid-stream: {self._scrub(str(message))}"
+                    raise self._error(EngineError, reason, message)
                 usage = chunk.get("usage")
                 if usage:
                     prompt_tokens = usage.get("prompt_tokens")
@@ -216,21 +239,37 @@ class OpenAIEngine:
                 return
             if isinstance(exc, OSError | TimeoutError):
                 # Once streaming, a connection error means the server went away mid-answer.
-                raise EngineError(f"engine at {self.url} broke off the stream: {exc!r}") from exc
+                reason = f"the engine broke off the stream ({type(exc).__name__})"
+                raise self._error(EngineError, reason, exc) from exc
             if isinstance(exc, ValueError | TypeError | AttributeError | KeyError):
-                raise EngineError(f"engine at {self.url} sent a malformed chunk: {exc}") from exc
+                reason = f"the engine sent a malformed chunk ({type(exc).__name__})"
+                raise self._error(EngineError, reason, exc) from exc
             raise
         if request_id in self._aborted:
             yield Delta(finish_reason="abort")
             return
         if finish_reason is None:
-            raise EngineError(f"engine at {self.url} ended the stream without a finish reason")
+            reason = "the engine ended the stream without a finish reason"
+            raise self._error(EngineError, reason, None)
         # The usage chunk comes after the finish reason, so the final delta waits for it.
         yield Delta(
             finish_reason=finish_reason,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
         )
+
+    def _error(self, kind: type[E], reason: str, cause: object) -> E:
+        """`kind` with the client's `reason`; the server's URL and the cause in its detail."""
+        detail = f"engine at {self.url}: {reason}" + ("" if cause is None else f": {cause!r}")
+        return kind(reason, detail=detail)
+
+    def _scrub(self, text: str) -> str:
+        """The server's own message with addresses taken out: an error body may name the
+        server, a proxy or an upstream (a load balancer's 502 page), none of which a client
+        should learn."""
+        for address in self._addresses:
+            text = text.replace(address, "<engine>")
+        return _ADDRESS.sub("<address>", text)
 
     async def abort(self, request_id: str) -> None:
         """Close that request's HTTP response; its stream ends with finish_reason "abort"."""

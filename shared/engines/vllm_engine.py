@@ -94,7 +94,10 @@ class VLLMEngine:
         except (asyncio.CancelledError, GeneratorExit, EngineError):
             raise
         except Exception as exc:
-            raise EngineError(f"vLLM failed on request {request_id}: {exc!r}") from exc
+            raise EngineError(
+                f"vLLM failed on request {request_id} ({type(exc).__name__})",
+                detail=f"vLLM failed on request {request_id}: {exc!r}",
+            ) from exc
         finally:
             del self._wakers[request_id]
             self.stats.running -= 1

@@ -9,15 +9,16 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import select, text
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from shared.db.apikeys import create_tenant_and_key, hash_key, lookup_key, revoke_key
 from shared.db.migrate import upgrade, upgrade_engine
-from shared.db.models import Base, MessageRow, UsageEvent
+from shared.db.models import Base, Conversation, MessageRow, UsageEvent
 from shared.db.session import make_engine, make_sessionmaker, ping
-from shared.db.writes import insert_messages, insert_usage
+from shared.db.writes import from_unix, insert_messages, insert_usage
 from shared.protocol import Message
 from shared.tasks import MessagesRecord, UsageRecord
 from tests.support import postgres_available, postgres_database
@@ -234,6 +235,56 @@ async def test_insert_messages_is_idempotent(sessions: async_sessionmaker[AsyncS
         ("assistant", "hello", "sim"),
     ]
     assert conversations == 1
+
+
+async def test_text_with_nul_is_stored_with_the_replacement_character(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """A turn and a summary containing U+0000 are stored (PostgreSQL text cannot hold NUL) with
+    U+FFFD in its place, the same on both databases; the rest of the text is kept as sent."""
+    conv_id = f"conv-nul-{time.monotonic_ns()}"
+    record = MessagesRecord(
+        request_id=f"m-nul-{time.monotonic_ns()}",
+        tenant_id="t-msg",
+        conversation_id=conv_id,
+        messages=[Message(role="user", content="a\x00b\x00")],
+        answer="\x00answer",
+        model="sim",
+        created_at=DAY,
+    )
+    async with sessions.begin() as s:
+        assert await insert_messages(s, record) == 2
+    async with sessions.begin() as s:
+        await s.execute(
+            update(Conversation).where(Conversation.id == conv_id).values(summary="s\x00um")
+        )
+    async with sessions() as s:
+        rows = (
+            await s.execute(
+                select(MessageRow.content)
+                .where(MessageRow.request_id == record.request_id)
+                .order_by(MessageRow.position)
+            )
+        ).scalars()
+        summary = (
+            await s.execute(select(Conversation.summary).where(Conversation.id == conv_id))
+        ).scalar()
+    assert list(rows) == ["a\ufffdb\ufffd", "\ufffdanswer"]
+    assert summary == "s\ufffdum"
+
+
+async def test_a_failed_statement_does_not_carry_its_text_into_the_error(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """A write that fails (here a NOT NULL column left empty) raises an error whose message,
+    as a log line would print it, holds none of the bound values (the turn's text)."""
+    sentinel = f"secret-{time.monotonic_ns()}"
+    row = {"request_id": None, "position": 0, "tenant_id": "t", "role": "user",
+           "content": sentinel, "created_at": from_unix(DAY)}  # fmt: skip
+    with pytest.raises(DBAPIError) as info:
+        async with sessions.begin() as s:
+            await s.execute(insert(MessageRow), [row])
+    assert sentinel not in str(info.value) and sentinel not in repr(info.value)
 
 
 async def test_create_tenant_and_key_is_idempotent(

@@ -105,10 +105,13 @@ async def _chat(connect: Any, stack: Stack, model: str) -> tuple[list[str], dict
 
 
 async def test_unreachable_engine_is_engine_error_naming_it(connect: Any, faulty: Stack) -> None:
-    """Nothing listening: `engine_error` saying unreachable, within the first-token deadline."""
+    """Nothing listening: `engine_error` saying unreachable, within the first-token deadline;
+    the message names the model, never the engine's address."""
     tokens, last, took = await _chat(connect, faulty, "down")
     assert last["type"] == "error" and last["code"] == "engine_error", last
     assert "unreachable" in last["message"] and not tokens
+    assert last["message"].startswith("model 'down': "), last
+    _assert_no_address(faulty, last["message"])
     assert took < FIRST_TOKEN_S + 1
 
 
@@ -121,6 +124,15 @@ async def test_http_error_is_engine_error_with_the_status(
     assert last["type"] == "error" and last["code"] == "engine_error", last
     assert f"HTTP {model[-3:]}" in last["message"] and "simulated failure" in last["message"]
     assert took < FIRST_TOKEN_S + 1 and not tokens
+    assert last["message"].startswith(f"model {model!r}: "), last
+    _assert_no_address(faulty, last["message"])
+
+
+def _assert_no_address(stack: Stack, message: str) -> None:
+    """No engine URL, host or port of the stack's model table in a client's message."""
+    assert "127.0.0.1" not in message and "http://" not in message, message
+    for entry in json.loads(stack.settings["models"]):
+        assert entry["url"].rsplit(":", 1)[1].split("/")[0] not in message, message
 
 
 async def test_malformed_chunk_mid_stream_is_engine_error(connect: Any, faulty: Stack) -> None:

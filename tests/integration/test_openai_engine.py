@@ -86,7 +86,8 @@ async def test_abort_by_id_ends_stream(engine: OpenAIEngine, server: str) -> Non
 
 
 async def test_unreachable_engine_raises_engine_error() -> None:
-    """A URL with nothing listening raises EngineError naming the URL, quickly."""
+    """A URL with nothing listening raises EngineError, quickly; the URL is in its detail (for
+    the log), never in its message (for the client)."""
     url = f"http://127.0.0.1:{free_port()}/v1"
     engine = OpenAIEngine(load_settings(engine="openai", engine_url=url))
     started = time.monotonic()
@@ -96,9 +97,46 @@ async def test_unreachable_engine_raises_engine_error() -> None:
                 pass
     finally:
         await engine.aclose()
-    assert url in str(info.value)
+    assert url in (info.value.detail or "")
+    assert "127.0.0.1" not in info.value.message and url.split(":")[-1] not in info.value.message
     assert time.monotonic() - started < 3
     assert engine.stats.aborted == 1 and engine.stats.running == 0
+
+
+async def test_http_500_message_names_no_address_even_when_the_body_does() -> None:
+    """A 500 whose body names the server, an upstream URL and an IP: the error's message keeps
+    the server's words with every address taken out; the detail has the engine's URL."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        body = (
+            b'{"error": {"message": "proxy 127.0.0.1:%d: upstream http://vllm-3.internal:8000/v1'
+            b' failed (10.2.3.4)"}}' % port
+        )
+        writer.write(
+            b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: %d\r\n\r\n" % len(body)
+        )
+        writer.write(body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    engine = OpenAIEngine(load_settings(engine="openai", engine_url=url))
+    try:
+        with pytest.raises(EngineError) as info:
+            async for _ in engine.stream(REQUEST, request_id="g"):
+                pass
+    finally:
+        await engine.aclose()
+        server.close()
+    message = info.value.message
+    assert (
+        message
+        == "the engine returned HTTP 500: proxy <engine>: upstream <address> failed (<address>)"
+    )
+    assert url in (info.value.detail or "") and "vllm-3.internal" in (info.value.detail or "")
 
 
 async def test_http_error_raises_engine_error(engine: OpenAIEngine) -> None:

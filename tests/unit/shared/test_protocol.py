@@ -59,6 +59,42 @@ def test_bad_frames_raise_invalid_request_naming_the_problem(raw: str, needle: s
     assert needle in info.value.message
 
 
+CHAT = {"type": "chat", "id": "a", "messages": [{"role": "user", "content": "x"}]}
+COERCIBLE = [
+    ({"max_tokens": "5"}, "max_tokens: Input should be a valid integer, not a string"),
+    ({"max_tokens": True}, "max_tokens: Input should be a valid integer, not a boolean"),
+    ({"max_tokens": 5.0}, "max_tokens: Input should be a valid integer, not a decimal number"),
+    ({"cache": "yes"}, "cache: Input should be a valid boolean, not a string"),
+    ({"cache": 1}, "cache: Input should be a valid boolean, not a number"),
+    ({"temperature": "0.5"}, "temperature: Input should be a valid number, not a string"),
+    ({"temperature": True}, "temperature: Input should be a valid number, not a boolean"),
+    ({"model": 5}, "model: Input should be a valid string, not a number"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ({"conversation_id": "c\x00"}, "conversation_id: must be an id the server returned"),
+]
+
+
+@pytest.mark.parametrize(("extra", "needle"), COERCIBLE, ids=[str(e) for e, _ in COERCIBLE])
+def test_wire_types_are_strict_and_the_error_names_the_field(
+    extra: dict[str, object], needle: str
+) -> None:
+    """A string is not a number, a number or string is not a boolean, a boolean is not an
+    integer: refused as invalid_request naming the field, never coerced."""
+    with pytest.raises(InvalidRequest) as info:
+        parse(json.dumps({**CHAT, **extra}))
+    assert info.value.code.value == "invalid_request"
+    assert needle in info.value.message
+
+
+def test_an_integer_is_still_a_valid_float_and_after_seq_must_be_a_number() -> None:
+    """temperature: 1 is a number as JSON means it; a resume's after_seq "3" is refused."""
+    frame = parse(json.dumps({**CHAT, "temperature": 1, "max_tokens": 5, "cache": False}))
+    assert isinstance(frame, ChatFrame)
+    assert (frame.temperature, frame.max_tokens, frame.cache) == (1.0, 5, False)
+    with pytest.raises(InvalidRequest, match=r"after_seq: .* not a string"):
+        parse('{"type":"resume","id":"a","job_id":"j","after_seq":"3"}')
+
+
 def test_size_and_message_count_limits() -> None:
     """Frames over the byte limit or with too many messages are refused before validation."""
     with pytest.raises(InvalidRequest, match="limit is 4096"):

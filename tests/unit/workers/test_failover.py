@@ -12,7 +12,7 @@ from shared.engines.sim import SimEngine, SimOptions
 from shared.errors import DeadlineExceeded, EngineError, InvalidRequest
 from shared.modeltable import ModelSpec, parse_models
 from shared.protocol import Message
-from workers.generate import Failure, Generation, final_error, next_step
+from workers.generate import Failure, Generation, final_error, from_model, next_step
 
 # --- pure decisions ---------------------------------------------------------------------------
 
@@ -30,6 +30,19 @@ def test_final_error_keeps_a_single_failure_as_it_is() -> None:
     """With one model tried, the client gets that model's own error."""
     error = EngineError("engine at http://x unreachable")
     assert final_error([Failure("a", error)]) is error
+
+
+def test_an_engine_error_is_told_with_the_model_name_and_keeps_its_detail() -> None:
+    """The client reads which model failed; the engine's address stays in the detail only;
+    deadline errors, which name their model already, are kept as they are."""
+    error = EngineError("the engine returned HTTP 500: boom", detail="engine at http://x:1/v1")
+    named = from_model(error, "big")
+    assert type(named) is EngineError and named.__cause__ is error
+    assert named.message == "model 'big': the engine returned HTTP 500: boom"
+    assert named.detail == "engine at http://x:1/v1"
+    stalled = EngineStalled("model 'big' stalled")
+    slow = FirstTokenTimeout("model 'big' sent no first token")
+    assert from_model(stalled, "big") is stalled and from_model(slow, "big") is slow
 
 
 def test_final_error_is_timeout_only_if_every_model_was_too_slow() -> None:
