@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.auth import Authenticator
-from gateway.jobs import Job
+from gateway.jobs import Feed
 from gateway.limits import ConnectionGuard
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter
@@ -73,7 +73,7 @@ class Gateway:
         )
         self.metrics = GatewayMetrics()
         self.sessions: set[Session] = set()
-        self.jobs: dict[str, Job] = {}
+        self.feeds: dict[str, Feed] = {}  # job id -> the clients here following it
         self._first_use = FirstUse()  # sessions, pools, caches made by the first chats live on
         self._workers_checked = 0.0
         self._workers_alive = 0
@@ -120,8 +120,9 @@ class Gateway:
         """Recover what was published while pub/sub was down: each job from its replay
         stream; a key revoked meanwhile by dropping every cached key."""
         self.auth.invalidate_all()
-        for job in list(self.jobs.values()):
-            job.owner.repair(job)
+        for feed in list(self.feeds.values()):
+            for job in list(feed.followers.members):
+                job.owner.repair(job)
 
     async def close(self) -> None:
         await self.guard.close()
@@ -178,6 +179,7 @@ class Gateway:
         while True:
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
             now = time.time()
-            self.metrics.streams.set(len(self.jobs))
-            for job in list(self.jobs.values()):
-                job.owner.expire(job, now)
+            self.metrics.streams.set(len(self.feeds))
+            for feed in list(self.feeds.values()):
+                for job in list(feed.followers.members):
+                    job.owner.expire(job, now)
