@@ -170,8 +170,10 @@ class JobOwner:
         new_conversation = admitted.new_conversation
         conversation_id = new_id() if new_conversation else frame.conversation_id
         if not await gw.chat_workers_alive():
+            # A worker starting (or back after a Redis outage) is counted within a heartbeat.
             raise Overloaded(
-                "no chat worker is running; start one with `firsttoken worker --queues chat`"
+                "no chat worker is running; start one with `firsttoken worker --queues chat`",
+                retry_after_ms=max(1000, int(settings.worker_heartbeat_s * 1000)),
             )
         job_id = new_id()
         feed = Feed(job_id, gw.keys.job_channel(job_id))

@@ -26,13 +26,10 @@ from typing import Any
 from shared.errors import Overloaded, RateLimited, Unauthorized
 from shared.keys import Keys
 from shared.limits import WINDOW_MS, Limits
+from shared.redis.client import REDIS_RETRY_AFTER_MS
 from shared.redis.pipe import RedisPipe
 
 log = logging.getLogger(__name__)
-
-# What a client is told to wait when the gateway cannot reach Redis (the pipe reconnects with a
-# backoff of at most 1 s).
-REDIS_RETRY_AFTER_MS = 1000
 
 # Evictions and scans touch at most this many entries per Redis call (Lua's unpack() has a
 # stack limit of a few thousand values).

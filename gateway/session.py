@@ -30,6 +30,7 @@ from shared.protocol import (
     frame_id,
     parse_client_frame,
 )
+from shared.redis.client import unreachable_as_overloaded
 
 __all__ = ["Job", "Session", "SessionHost"]
 
@@ -161,7 +162,8 @@ class Session(JobOwner):
         """Re-attach to a job started by the same API key, replaying from after_seq."""
         gw = self.gw
         check_new_chat(frame.id, self.jobs, gw.settings.max_streams_per_connection)
-        owner = await gw.redis.get(gw.keys.job_owner(frame.job_id))
+        with unreachable_as_overloaded("the job was not resumed"):
+            owner = await gw.redis.get(gw.keys.job_owner(frame.job_id))
         if owner is None or owner != self.principal.key_id:
             raise InvalidRequest(f"no resumable job {frame.job_id!r} for this API key")
         state = RelayState(
@@ -169,6 +171,7 @@ class Session(JobOwner):
         )
         state.last_seen = time.time()
         state.begin_repair()  # held until the replay stream is read: nothing lost between
-        job = await self.follow(frame.id, frame.job_id, state)
+        with unreachable_as_overloaded("the job was not resumed"):
+            job = await self.follow(frame.id, frame.job_id, state)
         self.send(encode_accepted(frame.id, frame.job_id))
         await self._repair(job)

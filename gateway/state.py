@@ -27,7 +27,7 @@ from shared.heap import FirstUse
 from shared.keys import CHAT_QUEUE, Keys
 from shared.limits import Limits
 from shared.modeltable import ModelTable, model_table
-from shared.redis.client import redis_client
+from shared.redis.client import redis_client, unreachable_as_overloaded
 from shared.redis.pipe import RedisPipe
 from shared.settings import Settings
 
@@ -143,7 +143,8 @@ class Gateway:
         counted is counted again at once: a chat is refused on a fresh count only."""
         stale = time.time() - self._workers_checked >= self.settings.worker_heartbeat_s
         if stale or not self._workers_alive:
-            await self._count_chat_workers()
+            with unreachable_as_overloaded("the chat was not started"):
+                await self._count_chat_workers()
         return self._workers_alive
 
     async def _count_chat_workers(self) -> None:
