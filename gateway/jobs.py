@@ -70,6 +70,10 @@ class SessionHost(Protocol):
 
     async def cancel_job(self, job_id: str) -> None: ...
 
+    async def follow_elsewhere(self, job_id: str) -> None: ...
+
+    async def followed_elsewhere(self, job_id: str) -> bool: ...
+
 
 class Feed:
     """One job's channel on this gateway process: the clients following it and the
@@ -282,6 +286,9 @@ class JobOwner:
         gw.feeds[job_id] = feed
         try:
             await gw.relay.subscribe_confirmed(feed.channel, feed.handler())
+            # Not when this process relays the job already: it cancels only when no client
+            # of its own follows, and it tells the others first.
+            await gw.follow_elsewhere(job_id)
         except BaseException:
             # Not followed after all; the job itself goes on (nothing is cancelled).
             del self.jobs[chat_id]
@@ -314,13 +321,14 @@ class JobOwner:
             # Followers says yes once per job: the stream slot is freed and the unused tokens
             # refunded exactly once, however many clients followed it.
             feed.settle(gw.limiter, job.state)
-        if leave.cancel:
+        if leave.cancel and not await gw.followed_elsewhere(feed.job_id):
             await gw.cancel_job(feed.job_id)
 
     async def cancel(self, job: Job) -> None:
         """The client's `cancel`: the job stops for every client following it (a stop button
-        means the answer is not wanted, wherever else it is shown); the worker is told to stop,
-        which also ends it on other gateways, and the others here are told `cancelled` now."""
+        means the answer is not wanted, wherever else it is shown): the others here are told
+        `cancelled` now, and the worker is told to stop, whose `cancelled` ends the job for
+        followers on other gateways."""
         for other in list(job.feed.followers.members):
             if other is not job and not other.state.finished:
                 other.state.finished = True
@@ -329,7 +337,9 @@ class JobOwner:
                     Cancelled("the chat was cancelled by another connection following it"),
                 )
                 await other.owner.stop_job(other, ended=False)
-        await self.stop_job(job, ended=False)
+        # A cancel ends the job: no follower anywhere keeps it running.
+        await self.stop_job(job, ended=True)
+        await self.gw.cancel_job(job.job_id)
 
     def expire(self, job: Job, now: float) -> None:
         """Called by the gateway's watchdog: end a job whose worker missed a deadline."""

@@ -27,7 +27,7 @@ from shared.heap import FirstUse
 from shared.keys import CHAT_QUEUE, Keys
 from shared.limits import Limits
 from shared.modeltable import ModelTable, model_table
-from shared.redis.client import redis_client, unreachable_as_overloaded
+from shared.redis.client import UNREACHABLE, redis_client, unreachable_as_overloaded
 from shared.redis.pipe import RedisPipe
 from shared.settings import Settings
 
@@ -165,6 +165,29 @@ class Gateway:
 
     async def chat_workers_alive(self) -> bool:
         return await self.chat_workers() > 0
+
+    async def follow_elsewhere(self, job_id: str) -> None:
+        """Record that this process follows a job it may not have admitted (a resume): the
+        gateway whose client then gives the job up leaves it running (`followed_elsewhere`)."""
+        key = self.keys.job_followers(job_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.sadd(key, self.name)
+            pipe.expire(key, self.settings.replay_ttl_s)
+            await pipe.execute()
+
+    async def followed_elsewhere(self, job_id: str) -> bool:
+        """This process no longer follows a job: whether another gateway process still does.
+        Unknown (Redis down) counts as no, so a job nobody wants is still cancelled."""
+        key = self.keys.job_followers(job_id)
+        try:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.srem(key, self.name)
+                pipe.scard(key)
+                _, left = await pipe.execute()
+        except UNREACHABLE as exc:
+            log.debug("could not read the followers of %s: %r", job_id, exc)
+            return False
+        return int(left) > 0
 
     async def cancel_job(self, job_id: str) -> None:
         """Set the cancel flag (for a job still queued) and tell running workers to stop it."""

@@ -1,6 +1,6 @@
-"""A second socket resumes a running job on the same gateway process (issue 29): both sockets
-stream every remaining token and the `done`, the key's stream slot is freed once, and one
-socket going away leaves the job running for the other."""
+"""A second socket resumes a running job (issue 29), on the same gateway process or another:
+both sockets stream every remaining token and the `done`, the key's stream slot is freed once,
+one socket going away leaves the job running for the other, and a `cancel` ends it for both."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 import websockets
 
+from firsttoken.procs import gateway_args
 from tests.integration.conftest import Client, Services, Stack, make_stack
+from tests.support import free_port, port_open, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,13 +35,23 @@ def one_gateway(
         yield stack
 
 
+@pytest.fixture(scope="module")
+def other_gateway(one_gateway: Stack) -> str:
+    """A second gateway process of the same stack, on its own port: its websocket URL."""
+    port = free_port()
+    one_gateway.start("gateway-b", gateway_args(port)["gateway"])
+    wait_until(lambda: port_open(port), 20, what="gateway-b")
+    return one_gateway.ws_url.replace(str(one_gateway.gateway_port), str(port))
+
+
 @pytest.fixture
 async def sockets(one_gateway: Stack) -> AsyncIterator[Any]:
+    """Open websockets with the stack's key, to its gateway or to `url`; closed after."""
     opened: list[Any] = []
 
-    async def _open() -> Client:
+    async def _open(url: str | None = None) -> Client:
         headers = {"Authorization": f"Bearer {one_gateway.api_key}"}
-        ws = await websockets.connect(one_gateway.ws_url, additional_headers=headers)
+        ws = await websockets.connect(url or one_gateway.ws_url, additional_headers=headers)
         opened.append(ws)
         return Client(ws)
 
@@ -147,6 +159,40 @@ async def test_a_cancel_from_one_follower_ends_the_chat_for_both(
     original = await sockets()
     job_id, _ = await _started(original, "orig", 3)
     resumer = await sockets()
+    await _resume(resumer, "again", job_id, after_seq=2)
+    await resumer.send({"type": "cancel", "id": "again"})
+    (_, end_r), (_, end_o) = await asyncio.gather(
+        resumer.until_end("again", 5), original.until_end("orig", 5)
+    )
+    assert end_r["code"] == "cancelled" and end_o["code"] == "cancelled", (end_r, end_o)
+    await _slot_free_again(one_gateway, original, "next")
+
+
+async def test_the_original_closing_leaves_the_job_running_for_a_resumer_on_another_gateway(
+    one_gateway: Stack, other_gateway: str, sockets: Any
+) -> None:
+    """The resume is on another gateway process: the original's disconnect does not cancel
+    the job there either; the resumer gets the whole rest and done."""
+    original = await sockets()
+    job_id, _ = await _started(original, "orig", 3)
+    resumer = await sockets(other_gateway)
+    await _resume(resumer, "again", job_id, after_seq=2)
+    await original.ws.close()
+    rest, done = await resumer.until_end("again", 20)
+    assert done["type"] == "done", done
+    seqs = [f["seq"] for f in rest]
+    assert seqs and seqs == list(range(3, 3 + len(seqs))), seqs
+    await _slot_free_again(one_gateway, resumer, "next")
+
+
+async def test_a_cancel_on_another_gateway_ends_the_chat_for_both(
+    one_gateway: Stack, other_gateway: str, sockets: Any
+) -> None:
+    """`cancel` on the resumer's gateway stops the worker, whose `cancelled` reaches the
+    original socket on the first gateway too."""
+    original = await sockets()
+    job_id, _ = await _started(original, "orig", 3)
+    resumer = await sockets(other_gateway)
     await _resume(resumer, "again", job_id, after_seq=2)
     await resumer.send({"type": "cancel", "id": "again"})
     (_, end_r), (_, end_o) = await asyncio.gather(
