@@ -226,6 +226,8 @@ class JobOwner:
                     message,
                     gw.keys.job_owner(job_id),
                     settings.replay_ttl_s,
+                    gw.keys.job_followers(job_id),
+                    gw.name,
                 ),
             )
             feed.admission = admission
@@ -286,8 +288,8 @@ class JobOwner:
         gw.feeds[job_id] = feed
         try:
             await gw.relay.subscribe_confirmed(feed.channel, feed.handler())
-            # Not when this process relays the job already: it cancels only when no client
-            # of its own follows, and it tells the others first.
+            # Not needed where this process follows the job already: it gives the job up
+            # only when its last follower goes, and says so then.
             await gw.follow_elsewhere(job_id)
         except BaseException:
             # Not followed after all; the job itself goes on (nothing is cancelled).

@@ -167,8 +167,10 @@ class Gateway:
         return await self.chat_workers() > 0
 
     async def follow_elsewhere(self, job_id: str) -> None:
-        """Record that this process follows a job it may not have admitted (a resume): the
-        gateway whose client then gives the job up leaves it running (`followed_elsewhere`)."""
+        """Record that this process follows a job (a resume; the admission script records the
+        admitting gateway): another gateway whose clients give the job up then leaves it
+        running for this one (`followed_elsewhere`). A gateway that crashes stays recorded
+        until the set expires: the job then runs to its end instead of being cancelled."""
         key = self.keys.job_followers(job_id)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.sadd(key, self.name)

@@ -46,8 +46,8 @@ class Keys:
         return f"{self.prefix}:owner:{job_id}"
 
     def job_followers(self, job_id: str) -> str:
-        """Set: the gateways following a job they did not admit (a resume), so a disconnect on
-        the admitting gateway does not cancel it under them."""
+        """Set: the gateway processes following a job (the one that admitted it, and any that
+        resumed it), so one giving the job up does not cancel it under the others."""
         return f"{self.prefix}:followers:{job_id}"
 
     @property

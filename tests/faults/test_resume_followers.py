@@ -200,3 +200,21 @@ async def test_a_cancel_on_another_gateway_ends_the_chat_for_both(
     )
     assert end_r["code"] == "cancelled" and end_o["code"] == "cancelled", (end_r, end_o)
     await _slot_free_again(one_gateway, original, "next")
+
+
+async def test_a_resumer_on_another_gateway_closing_leaves_the_original_streaming(
+    one_gateway: Stack, other_gateway: str, sockets: Any
+) -> None:
+    """The resumer's gateway gives the job up: the admitting gateway still follows it (its
+    admission recorded it), so the job is not cancelled and the original gets done."""
+    original = await sockets()
+    job_id, first = await _started(original, "orig", 3)
+    resumer = await sockets(other_gateway)
+    await _resume(resumer, "again", job_id, after_seq=0)
+    await resumer.next_for("again")  # a replayed token: the resume is following
+    await resumer.ws.close()
+    rest, done = await original.until_end("orig", 20)
+    assert done["type"] == "done", done
+    seqs = [f["seq"] for f in first + rest]
+    assert seqs == list(range(len(seqs))) and len(seqs) > 3, seqs
+    await _slot_free_again(one_gateway, original, "next")
