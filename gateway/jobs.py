@@ -288,9 +288,6 @@ class JobOwner:
         gw.feeds[job_id] = feed
         try:
             await gw.relay.subscribe_confirmed(feed.channel, feed.handler())
-            # Not needed where this process follows the job already: it gives the job up
-            # only when its last follower goes, and says so then.
-            await gw.follow_elsewhere(job_id)
         except BaseException:
             # Not followed after all; the job itself goes on (nothing is cancelled).
             del self.jobs[chat_id]
@@ -298,6 +295,9 @@ class JobOwner:
             if not feed.followers.members and gw.feeds.get(job_id) is feed:
                 del gw.feeds[job_id]
             raise
+        # Not needed where this process follows the job already: it gives the job up only
+        # when its last follower goes, and says so then.
+        await gw.follow_elsewhere(job_id)
         return job
 
     async def stop_job(self, job: Job, *, ended: bool) -> None:

@@ -172,10 +172,13 @@ class Gateway:
         running for this one (`followed_elsewhere`). A gateway that crashes stays recorded
         until the set expires: the job then runs to its end instead of being cancelled."""
         key = self.keys.job_followers(job_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.sadd(key, self.name)
-            pipe.expire(key, self.settings.replay_ttl_s)
-            await pipe.execute()
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.sadd(key, self.name)
+                pipe.expire(key, self.settings.replay_ttl_s)
+                await pipe.execute()
+        except UNREACHABLE as exc:  # the resume works; only another gateway may cancel it
+            log.warning("could not record following %s: %r", job_id, exc)
 
     async def followed_elsewhere(self, job_id: str) -> bool:
         """This process no longer follows a job: whether another gateway process still does.

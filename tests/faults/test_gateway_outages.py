@@ -98,6 +98,7 @@ async def test_redis_down_means_overloaded_chats_and_error_frames_then_recovery(
     `overloaded` with `retry_after_ms` within a few seconds, the connection stays usable, a
     new connection is served or told why before any close; chats succeed soon after."""
     port, procs = own_redis
+    unseen = await provision_key(services.database_url, f"t-{uuid.uuid4().hex[:6]}")
     on_own = Services(f"redis://127.0.0.1:{port}/0", services.database_url, [])
     with make_stack(on_own, migrated, tmp_path, bulk=False) as stack:
         stack.wait_ready()
@@ -117,9 +118,11 @@ async def test_redis_down_means_overloaded_chats_and_error_frames_then_recovery(
             await client.send({"type": "ping", "id": "p"})
             assert (await client.next_for("p"))["type"] == "pong"
 
-            fresh = await opener(stack)  # a key this process has seen: served from its cache
-            end = await _answered(fresh, "fresh")
-            _assert_overloaded(end)
+            # Served, a key this process has seen from its cache and a new one from the
+            # database; their chats are told to retry.
+            for key in (stack.api_key, unseen):
+                fresh = await opener(stack, key=key)
+                _assert_overloaded(await _answered(fresh, "fresh"))
         finally:
             await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
             procs.append(throwaway_redis_server(port, tmp_path))
