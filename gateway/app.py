@@ -147,7 +147,9 @@ async def list_models(request: Request) -> Response:
             key_from_request(dict(request.headers), dict(request.query_params))
         )
     except FirstTokenError as exc:
-        return JSONResponse({"error": error_frame(None, exc)}, status_code=401)
+        # The key could not be checked (the database down): not the client's fault.
+        status = 503 if isinstance(exc, Overloaded) else 401
+        return JSONResponse({"error": error_frame(None, exc)}, status_code=status)
     return JSONResponse(gw.models.public())
 
 
