@@ -126,7 +126,8 @@ async def test_redis_down_means_overloaded_chats_and_error_frames_then_recovery(
         finally:
             await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
             procs.append(throwaway_redis_server(port, tmp_path))
-        assert await _answered_again_within(client, 20) < 20
+        # Mostly the worker reconnecting its broker and beating again.
+        assert await _answered_again_within(client, 15) < 15
         assert (await _answered(await opener(stack), "new-socket"))["type"] == "done"
 
 
