@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,10 +23,12 @@ from gateway.openai import chat_completions
 from gateway.session import Session
 from gateway.state import Gateway
 from shared.db.session import ping as db_ping
-from shared.errors import FirstTokenError, Overloaded, Unauthorized, error_frame
+from shared.errors import FirstTokenError, InternalError, Overloaded, Unauthorized, error_frame
 from shared.heap import freeze_startup_objects
 from shared.protocol import dumps
 from shared.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
 
 READY_CHECK_TIMEOUT_S = 2.0
 # The chat page: static files shipped in the package (no build step, nothing from a CDN).
@@ -68,8 +71,18 @@ async def _serve(gw: Gateway, ws: WebSocket) -> None:
         principal = await gw.auth.authenticate(
             key_from_request(dict(ws.headers), dict(ws.query_params))
         )
+    except Overloaded as exc:
+        await _refuse(gw, ws, exc, 1013)  # "try again later": a service behind us is down
+        return
     except FirstTokenError as exc:
         await _refuse(gw, ws, exc, 1008)
+        return
+    except Exception:  # a bug: the client still gets a frame before the close
+        log.exception("authenticating a websocket failed")
+        internal = InternalError(
+            "internal error; the key could not be checked (see the server log)"
+        )
+        await _refuse(gw, ws, internal, 1011)
         return
     session = Session(gw, ws, principal)
     gw.sessions.add(session)
@@ -134,7 +147,9 @@ async def list_models(request: Request) -> Response:
             key_from_request(dict(request.headers), dict(request.query_params))
         )
     except FirstTokenError as exc:
-        return JSONResponse({"error": error_frame(None, exc)}, status_code=401)
+        # The key could not be checked (the database down): not the client's fault.
+        status = 503 if isinstance(exc, Overloaded) else 401
+        return JSONResponse({"error": error_frame(None, exc)}, status_code=status)
     return JSONResponse(gw.models.public())
 
 

@@ -2,24 +2,37 @@
 
 Lookups go to Redis (written by `firsttoken keys create` and filled from the database on a
 miss), and are trusted in-process for `auth_cache_s` so a reconnect storm costs no round trips.
+
+Redis is only a cache of the database here: with Redis down a key is looked up in the database
+alone. With the database down too (or a key Redis does not hold), the client is told
+`overloaded` with a retry hint; a key already in the in-process cache keeps working.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared.db.apikeys import hash_key, lookup_key
-from shared.errors import Unauthorized
+from shared.errors import Overloaded, Unauthorized
 from shared.keys import Keys
 from shared.limits import Limits, resolve_limits
+from shared.redis.client import UNREACHABLE
+
+log = logging.getLogger(__name__)
 
 # How long Redis keeps a key record filled from the database.
 REDIS_KEY_TTL_S = 300
+# What a client is told to wait when the database cannot be reached to check its key: a
+# restarting PostgreSQL takes seconds, not milliseconds.
+DATABASE_RETRY_AFTER_MS = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,26 +95,48 @@ class Authenticator:
         return principal
 
     async def _lookup(self, digest: str) -> Principal | None:
-        raw = await self._redis.get(self._keys.api_key(digest))
-        if raw is not None:
-            record = json.loads(raw)
-        else:
-            async with self._sessions() as session:
-                info = await lookup_key(session, digest)
-            if info is None:
+        record = await self._redis_record(digest)
+        if record is None:
+            record = await self._database_record(digest)
+            if record is None:
                 return None
-            record = {
-                "tenant_id": info.tenant_id,
-                "key_id": info.key_id,
-                "scope": info.scope,
-                "revoked": info.revoked,
-                "limits": [info.rpm, info.tpm, info.max_streams, info.tenant_rpm, info.tenant_tpm],
-            }
-            await self._redis.set(
-                self._keys.api_key(digest), json.dumps(record), ex=REDIS_KEY_TTL_S
-            )
+            try:
+                await self._redis.set(
+                    self._keys.api_key(digest), json.dumps(record), ex=REDIS_KEY_TTL_S
+                )
+            except UNREACHABLE as exc:  # only a cache: the next miss reads the database again
+                log.debug("could not cache an API key record in Redis: %r", exc)
         if record.get("revoked"):
             return None
         raw_limits = record.get("limits") or [None] * 5
         limits = resolve_limits(raw_limits[:3], raw_limits[3:], self._defaults)
         return Principal(record["tenant_id"], record["key_id"], record.get("scope", "chat"), limits)
+
+    async def _redis_record(self, digest: str) -> dict[str, Any] | None:
+        """The key's record in Redis; None when Redis has none or cannot be reached (the
+        database, which Redis only caches, then decides alone)."""
+        try:
+            raw = await self._redis.get(self._keys.api_key(digest))
+        except UNREACHABLE as exc:
+            log.warning("API key lookup without Redis (%r): asking the database", exc)
+            return None
+        return None if raw is None else dict(json.loads(raw))
+
+    async def _database_record(self, digest: str) -> dict[str, Any] | None:
+        try:
+            async with self._sessions() as session:
+                info = await lookup_key(session, digest)
+        except (SQLAlchemyError, OSError) as exc:
+            raise Overloaded(
+                "the API key could not be checked: the database cannot be reached; retry shortly",
+                retry_after_ms=DATABASE_RETRY_AFTER_MS,
+            ) from exc
+        if info is None:
+            return None
+        return {
+            "tenant_id": info.tenant_id,
+            "key_id": info.key_id,
+            "scope": info.scope,
+            "revoked": info.revoked,
+            "limits": [info.rpm, info.tpm, info.max_streams, info.tenant_rpm, info.tenant_tpm],
+        }

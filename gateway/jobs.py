@@ -4,6 +4,12 @@ check, subscribe before enqueue, the limiter's admit+enqueue script, the relay s
 repair, settlement, cancellation and the watchdog's deadlines.
 
 A door subclasses :class:`JobOwner` and says only how a frame reaches its client (`send`).
+
+A job may be followed by several clients of one gateway process (the chat that started it and
+any `resume` of it): one :class:`Feed` per job holds its channel, its followers (one
+:class:`Job` each) and its rate-limit reservation. A client that goes away (disconnect,
+deadline) stops only its own relay; the worker is told to stop when the last follower goes
+(gateway/relaystate.py's ``Followers``). A client's `cancel` stops the job for all of them.
 """
 
 from __future__ import annotations
@@ -20,12 +26,20 @@ from gateway.auth import Principal
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import Admission, Enqueue, RateLimiter
 from gateway.relay import Relay
-from gateway.relaystate import RelayState, Step
-from shared.errors import DeadlineExceeded, EngineError, FirstTokenError, Overloaded, error_frame
+from gateway.relaystate import Followers, RelayState, Step
+from shared.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    EngineError,
+    FirstTokenError,
+    Overloaded,
+    error_frame,
+)
 from shared.keys import CHAT_QUEUE, CHAT_TASK, Keys
 from shared.limits import charged_without_usage
 from shared.modeltable import ModelTable
 from shared.protocol import ChatFrame, dumps
+from shared.redis.pubsub import Handler
 from shared.settings import Settings
 from shared.tasks import ChatJob, new_id, task_message
 
@@ -43,7 +57,7 @@ class SessionHost(Protocol):
     relay: Relay
     limiter: RateLimiter
     metrics: GatewayMetrics
-    jobs: dict[str, Job]
+    feeds: dict[str, Feed]
 
     @property
     def models(self) -> ModelTable: ...
@@ -56,22 +70,71 @@ class SessionHost(Protocol):
 
     async def cancel_job(self, job_id: str) -> None: ...
 
+    async def follow_elsewhere(self, job_id: str) -> None: ...
 
-class Job:
-    """A chat a door is relaying."""
+    async def followed_elsewhere(self, job_id: str) -> bool: ...
 
-    __slots__ = ("admission", "channel", "deadline_at", "job_id", "owner", "state", "used")
 
-    def __init__(self, owner: JobOwner, job_id: str, state: RelayState, deadline_at: float):
-        self.owner = owner
+class Feed:
+    """One job's channel on this gateway process: the clients following it and the
+    rate-limit reservation they share."""
+
+    __slots__ = ("admission", "channel", "followers", "job_id", "used")
+
+    def __init__(self, job_id: str, channel: str) -> None:
         self.job_id = job_id
-        self.channel = owner.gw.keys.job_channel(job_id)
-        self.state = state
-        self.deadline_at = deadline_at
-        # Rate-limit reservation, settled when the job ends; `used` is the worker's exact
+        self.channel = channel
+        self.followers: Followers[Job] = Followers()
+        # Rate-limit reservation of the gateway that admitted the job (None on a resume of a
+        # job admitted elsewhere), settled when the job ends; `used` is the worker's exact
         # token count once its `done` frame has been relayed.
         self.admission: Admission | None = None
         self.used: int | None = None
+
+    def handler(self) -> Handler:
+        """What the relay calls with each of the channel's messages."""
+        members = self.followers.members
+        # A lone follower (nearly every job) is called directly: no loop per token.
+        if len(members) == 1:
+            return members[0].on_message
+        return self._fan_out
+
+    def _fan_out(self, message: str) -> None:
+        for job in list(self.followers.members):  # a copy: a follower may leave meanwhile
+            job.on_message(message)
+
+    def settle(self, limiter: RateLimiter, state: RelayState) -> None:
+        """Give the reservation back: the exact usage when known, else what the relayed
+        frames say was spent."""
+        admission = self.admission
+        if admission is None or admission.settled:
+            return
+        if self.used is not None:
+            charged = self.used
+        else:
+            charged = charged_without_usage(
+                admission.reserved,
+                admission.prompt_estimate,
+                started=state.started,
+                frames=state.next_seq,
+            )
+        limiter.settle(admission, charged)
+
+
+class Job:
+    """A chat a door is relaying: one client following one job."""
+
+    __slots__ = ("deadline_at", "feed", "owner", "state")
+
+    def __init__(self, owner: JobOwner, feed: Feed, state: RelayState, deadline_at: float):
+        self.owner = owner
+        self.feed = feed
+        self.state = state
+        self.deadline_at = deadline_at
+
+    @property
+    def job_id(self) -> str:
+        return self.feed.job_id
 
     def on_message(self, message: str) -> None:
         self.owner.apply(self, self.state.feed(message, time.time()))
@@ -111,17 +174,19 @@ class JobOwner:
         new_conversation = admitted.new_conversation
         conversation_id = new_id() if new_conversation else frame.conversation_id
         if not await gw.chat_workers_alive():
+            # A worker starting (or back after a Redis outage) is counted within a heartbeat.
             raise Overloaded(
-                "no chat worker is running; start one with `firsttoken worker --queues chat`"
+                "no chat worker is running; start one with `firsttoken worker --queues chat`",
+                retry_after_ms=max(1000, int(settings.worker_heartbeat_s * 1000)),
             )
         job_id = new_id()
-        job = Job(
-            self, job_id, RelayState(frame.id, received), received + settings.queue_deadline_s
-        )
+        feed = Feed(job_id, gw.keys.job_channel(job_id))
+        job = Job(self, feed, RelayState(frame.id, received), received + settings.queue_deadline_s)
+        feed.followers.join(job)
         self.jobs[frame.id] = job
         admission = None
         try:
-            gw.relay.subscribe(job.channel, job.on_message)
+            gw.relay.subscribe(feed.channel, feed.handler())
             enqueued = time.time()
             job.state.enqueued_at = enqueued
             payload = ChatJob(
@@ -161,16 +226,18 @@ class JobOwner:
                     message,
                     gw.keys.job_owner(job_id),
                     settings.replay_ttl_s,
+                    gw.keys.job_followers(job_id),
+                    gw.name,
                 ),
             )
-            job.admission = admission
+            feed.admission = admission
         except BaseException:
             self.jobs.pop(frame.id, None)
-            gw.relay.unsubscribe(job.channel)
+            gw.relay.unsubscribe(feed.channel)
             if admission is not None:
                 gw.limiter.settle(admission, 0)
             raise
-        gw.jobs[job_id] = job
+        gw.feeds[job_id] = feed
         gw.chat_started()
         return job, conversation_id
 
@@ -182,9 +249,9 @@ class JobOwner:
         if step.repair:
             self.gw.spawn(self._repair(job))
         if step.finished:
-            if job.admission is not None:
-                job.used = step.used
-            self.gw.spawn(self.stop_job(job, notify_worker=False))
+            if step.used is not None:
+                job.feed.used = step.used
+            self.gw.spawn(self.stop_job(job, ended=True))
 
     def repair(self, job: Job) -> None:
         """Re-read a job's replay stream (after pub/sub reconnected): holds what arrives
@@ -202,30 +269,79 @@ class JobOwner:
         stream = [str(fields["m"]) for _, fields in entries or [] if fields]
         self.apply(job, job.state.apply_repair(stream, time.time()))
 
-    async def stop_job(self, job: Job, *, notify_worker: bool) -> None:
-        """Forget a job; when the client gave it up, tell the worker to stop and abort."""
+    async def follow(self, chat_id: str, job_id: str, state: RelayState) -> Job:
+        """Follow a job this client did not start (a `resume`): beside its other followers
+        when this process relays it already, else on a channel subscribed and confirmed
+        (the caller then reads the replay stream, and nothing published after is missed)."""
+        gw = self.gw
+        feed = gw.feeds.get(job_id)
+        if feed is not None:
+            job = Job(self, feed, state, deadline_at=float("inf"))
+            feed.followers.join(job)
+            gw.relay.reroute(feed.channel, feed.handler())
+            self.jobs[chat_id] = job
+            return job
+        feed = Feed(job_id, gw.keys.job_channel(job_id))
+        job = Job(self, feed, state, deadline_at=float("inf"))
+        feed.followers.join(job)
+        self.jobs[chat_id] = job
+        gw.feeds[job_id] = feed
+        try:
+            await gw.relay.subscribe_confirmed(feed.channel, feed.handler())
+        except BaseException:
+            # Not followed after all; the job itself goes on (nothing is cancelled).
+            del self.jobs[chat_id]
+            feed.followers.members.remove(job)
+            if not feed.followers.members and gw.feeds.get(job_id) is feed:
+                del gw.feeds[job_id]
+            raise
+        # Not needed where this process follows the job already: it gives the job up only
+        # when its last follower goes, and says so then.
+        await gw.follow_elsewhere(job_id)
+        return job
+
+    async def stop_job(self, job: Job, *, ended: bool) -> None:
+        """Stop relaying a job to this client. `ended`: its done or error was relayed; else the
+        client gave it up, and the worker is told to stop unless another client of this
+        process still follows the job."""
         if self.jobs.get(job.state.chat_id) is job:
             del self.jobs[job.state.chat_id]
-        self.gw.jobs.pop(job.job_id, None)
         job.state.finished = True
         self.last_active = time.monotonic()  # idle time counts from the last chat's end too
-        self.gw.relay.unsubscribe(job.channel)
-        if notify_worker:
-            await self.gw.cancel_job(job.job_id)
-        admission = job.admission
-        if admission is not None and not admission.settled:
-            # Every end path passes here (done, error, cancel, disconnect, watchdog), so the
-            # stream slot is freed and the unused tokens refunded exactly once.
-            if job.used is not None:
-                charged = job.used
-            else:
-                charged = charged_without_usage(
-                    admission.reserved,
-                    admission.prompt_estimate,
-                    started=job.state.started,
-                    frames=job.state.next_seq,
+        feed, gw = job.feed, self.gw
+        leave = feed.followers.leave(job, ended=ended)
+        if leave is None:
+            return  # stopped already
+        if leave.unsubscribe:
+            if gw.feeds.get(feed.job_id) is feed:
+                del gw.feeds[feed.job_id]
+            gw.relay.unsubscribe(feed.channel)
+        else:
+            gw.relay.reroute(feed.channel, feed.handler())
+        if leave.settle:
+            # Every end path passes here (done, error, cancel, disconnect, watchdog), and
+            # Followers says yes once per job: the stream slot is freed and the unused tokens
+            # refunded exactly once, however many clients followed it.
+            feed.settle(gw.limiter, job.state)
+        if leave.cancel and not await gw.followed_elsewhere(feed.job_id):
+            await gw.cancel_job(feed.job_id)
+
+    async def cancel(self, job: Job) -> None:
+        """The client's `cancel`: the job stops for every client following it (a stop button
+        means the answer is not wanted, wherever else it is shown): the others here are told
+        `cancelled` now, and the worker is told to stop, whose `cancelled` ends the job for
+        followers on other gateways."""
+        for other in list(job.feed.followers.members):
+            if other is not job and not other.state.finished:
+                other.state.finished = True
+                other.owner.send_error(
+                    other.state.chat_id,
+                    Cancelled("the chat was cancelled by another connection following it"),
                 )
-            self.gw.limiter.settle(admission, charged)
+                await other.owner.stop_job(other, ended=False)
+        # A cancel ends the job: no follower anywhere keeps it running.
+        await self.stop_job(job, ended=True)
+        await self.gw.cancel_job(job.job_id)
 
     def expire(self, job: Job, now: float) -> None:
         """Called by the gateway's watchdog: end a job whose worker missed a deadline."""
@@ -249,4 +365,4 @@ class JobOwner:
             )
         state.finished = True
         self.send_error(state.chat_id, exc)
-        self.gw.spawn(self.stop_job(job, notify_worker=True))
+        self.gw.spawn(self.stop_job(job, ended=False))

@@ -181,7 +181,7 @@ class CompletionResponse(Response):
             if not self.job.state.finished:
                 # The client gave up: stop the worker and abort the engine request, as on a
                 # websocket disconnect (a spawned task: this one may be being cancelled).
-                self.chat.gw.spawn(self.chat.stop_job(self.job, notify_worker=True))
+                self.chat.gw.spawn(self.chat.stop_job(self.job, ended=False))
 
     async def _send_error(self, send: Send, frame: dict[str, Any]) -> None:
         reply = frame_reply(frame)

@@ -26,25 +26,24 @@ from typing import Any
 from shared.errors import Overloaded, RateLimited, Unauthorized
 from shared.keys import Keys
 from shared.limits import WINDOW_MS, Limits
+from shared.redis.client import REDIS_RETRY_AFTER_MS
 from shared.redis.pipe import RedisPipe
 
 log = logging.getLogger(__name__)
-
-# What a client is told to wait when the gateway cannot reach Redis (the pipe reconnects with a
-# backoff of at most 1 s).
-REDIS_RETRY_AFTER_MS = 1000
 
 # Evictions and scans touch at most this many entries per Redis call (Lua's unpack() has a
 # stack limit of a few thousand values).
 _BATCH = 500
 
 # KEYS: key window, key tokens, tenant window, tenant tokens, key streams, key revoked marker,
-#       [queue list, job owner]
+#       [queue list, job owner, [job followers]]
 # ARGV: request id, tokens, key rpm, key tpm, tenant rpm, tenant tpm, max streams,
-#       window ms, lease ms, [task message, owner key id, owner ttl s]
+#       window ms, lease ms, [task message, owner key id, owner ttl s, [follower name]]
 # Returns {1} admitted, {0, reason, scope, retry_after_ms} refused, {-1} revoked.
 # With the optional keys, an admitted chat is also enqueued (LPUSH) and its owner recorded:
 # admission and enqueue are then one round trip, and a refused chat never reaches the queue.
+# With the followers set too, the admitting gateway is its first member (gateway/jobs.py: a
+# gateway giving the job up cancels it only when no other gateway follows it).
 # Run again for a job it already admitted (a resend after a lost connection), it returns {1}
 # and charges and enqueues nothing: the owner record says the first run admitted it.
 ADMIT_LUA = f"""
@@ -143,6 +142,10 @@ if max_streams > 0 then
 end
 if KEYS[7] then
   redis.call('SET', KEYS[8], ARGV[11], 'EX', tonumber(ARGV[12]))
+  if KEYS[9] then
+    redis.call('SADD', KEYS[9], ARGV[13])
+    redis.call('EXPIRE', KEYS[9], tonumber(ARGV[12]))
+  end
   redis.call('LPUSH', KEYS[7], ARGV[10])
 end
 return {{1}}
@@ -193,6 +196,9 @@ class Enqueue:
     message: str
     owner_key: str
     owner_ttl_s: int
+    # The job's followers set and the admitting gateway's name in it (None: not recorded).
+    followers_key: str | None = None
+    follower: str = ""
 
 
 @dataclass(slots=True)
@@ -267,6 +273,9 @@ class RateLimiter:
         if enqueue is not None:
             keys += [enqueue.queue_key, enqueue.owner_key]
             args += [enqueue.message, key_id, enqueue.owner_ttl_s]
+            if enqueue.followers_key is not None:
+                keys.append(enqueue.followers_key)
+                args.append(enqueue.follower)
         try:
             async with asyncio.timeout(self._timeout_s):
                 # Urgent: the chat's first token waits on it.

@@ -2,12 +2,15 @@
 
 Token frames arrive ready to forward; this state keeps them in `seq` order, notices gaps
 (repaired from the job's replay stream), and turns the worker's `done` into the wire frame with
-the gateway's own timing points added.
+the gateway's own timing points added. One job may be followed by several sockets of one
+gateway process (the chat that started it and any `resume` of it): each has its own
+:class:`RelayState`, and :class:`Followers` decides what one of them leaving means for the job.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import orjson
 
@@ -23,6 +26,8 @@ from shared.protocol import (
     dumps,
 )
 from shared.timing import stage_timings
+
+F = TypeVar("F")
 
 
 @dataclass(slots=True)
@@ -145,3 +150,43 @@ def usage_total(usage: object) -> int | None:
         return int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
     except (ValueError, TypeError):
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """What one follower leaving a job means for the job on this gateway process."""
+
+    unsubscribe: bool  # nobody here follows the job any more: drop its channel
+    cancel: bool  # the last follower gave up a job that had not ended: the worker should stop
+    settle: bool  # give the job's rate-limit reservation back now (true once per job)
+
+
+@dataclass(slots=True)
+class Followers(Generic[F]):
+    """The sockets following one job on one gateway process. Pure.
+
+    The job, its worker and its rate-limit reservation are shared by its followers, so a
+    follower giving the job up (a disconnect, a watchdog deadline, an HTTP client gone) stops
+    only its own relay while another follows: the worker is told to stop only when the last
+    follower gives up. The reservation (its stream slot) is given back once, when the job ends
+    or its last follower leaves, whichever comes first.
+    """
+
+    members: list[F] = field(default_factory=list)
+    ended: bool = False  # a follower relayed the worker's done or error (or gave up on a gap)
+    settled: bool = False
+
+    def join(self, follower: F) -> None:
+        self.members.append(follower)
+
+    def leave(self, follower: F, *, ended: bool) -> Leave | None:
+        """`follower` stops following; `ended`: because the job ended (not given up). None
+        when it was not following (it left already)."""
+        if follower not in self.members:
+            return None
+        self.members.remove(follower)
+        self.ended = self.ended or ended
+        last = not self.members
+        settle = (last or self.ended) and not self.settled
+        self.settled = self.settled or settle
+        return Leave(unsubscribe=last, cancel=last and not self.ended, settle=settle)

@@ -30,6 +30,7 @@ from shared.protocol import (
     frame_id,
     parse_client_frame,
 )
+from shared.redis.client import unreachable_as_overloaded
 
 __all__ = ["Job", "Session", "SessionHost"]
 
@@ -112,8 +113,10 @@ class Session(JobOwner):
         except WebSocketDisconnect:
             pass
         finally:
+            # A disconnect gives up this socket's chats: each is cancelled unless another
+            # socket of this process follows it (a resume), which then streams on.
             for job in list(self.jobs.values()):
-                await self.stop_job(job, notify_worker=True)
+                await self.stop_job(job, ended=False)
             self._out.put_nowait(None)
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(writer, 1.0)
@@ -152,24 +155,23 @@ class Session(JobOwner):
         job = self.jobs.get(chat_id)
         if job is None:
             raise InvalidRequest(f"no running chat with id {chat_id!r} on this connection")
-        await self.stop_job(job, notify_worker=True)
+        await self.cancel(job)
         self.send_error(chat_id, Cancelled("the chat was cancelled by the client"))
 
     async def resume(self, frame: ResumeFrame) -> None:
         """Re-attach to a job started by the same API key, replaying from after_seq."""
         gw = self.gw
         check_new_chat(frame.id, self.jobs, gw.settings.max_streams_per_connection)
-        owner = await gw.redis.get(gw.keys.job_owner(frame.job_id))
+        with unreachable_as_overloaded("the job was not resumed"):
+            owner = await gw.redis.get(gw.keys.job_owner(frame.job_id))
         if owner is None or owner != self.principal.key_id:
             raise InvalidRequest(f"no resumable job {frame.job_id!r} for this API key")
         state = RelayState(
             frame.id, time.time(), next_seq=frame.after_seq + 1, started=True, rename=True
         )
         state.last_seen = time.time()
-        state.begin_repair()
-        job = Job(self, frame.job_id, state, deadline_at=float("inf"))
-        self.jobs[frame.id] = job
-        gw.jobs[frame.job_id] = job
-        await gw.relay.subscribe_confirmed(job.channel, job.on_message)
+        state.begin_repair()  # held until the replay stream is read: nothing lost between
+        with unreachable_as_overloaded("the job was not resumed"):
+            job = await self.follow(frame.id, frame.job_id, state)
         self.send(encode_accepted(frame.id, frame.job_id))
         await self._repair(job)

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.auth import Authenticator
-from gateway.jobs import Job
+from gateway.jobs import Feed
 from gateway.limits import ConnectionGuard
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter
@@ -27,7 +27,7 @@ from shared.heap import FirstUse
 from shared.keys import CHAT_QUEUE, Keys
 from shared.limits import Limits
 from shared.modeltable import ModelTable, model_table
-from shared.redis.client import redis_client
+from shared.redis.client import UNREACHABLE, redis_client, unreachable_as_overloaded
 from shared.redis.pipe import RedisPipe
 from shared.settings import Settings
 
@@ -73,7 +73,7 @@ class Gateway:
         )
         self.metrics = GatewayMetrics()
         self.sessions: set[Session] = set()
-        self.jobs: dict[str, Job] = {}
+        self.feeds: dict[str, Feed] = {}  # job id -> the clients here following it
         self._first_use = FirstUse()  # sessions, pools, caches made by the first chats live on
         self._workers_checked = 0.0
         self._workers_alive = 0
@@ -120,8 +120,9 @@ class Gateway:
         """Recover what was published while pub/sub was down: each job from its replay
         stream; a key revoked meanwhile by dropping every cached key."""
         self.auth.invalidate_all()
-        for job in list(self.jobs.values()):
-            job.owner.repair(job)
+        for feed in list(self.feeds.values()):
+            for job in list(feed.followers.members):
+                job.owner.repair(job)
 
     async def close(self) -> None:
         await self.guard.close()
@@ -142,7 +143,8 @@ class Gateway:
         counted is counted again at once: a chat is refused on a fresh count only."""
         stale = time.time() - self._workers_checked >= self.settings.worker_heartbeat_s
         if stale or not self._workers_alive:
-            await self._count_chat_workers()
+            with unreachable_as_overloaded("the chat was not started"):
+                await self._count_chat_workers()
         return self._workers_alive
 
     async def _count_chat_workers(self) -> None:
@@ -164,6 +166,34 @@ class Gateway:
     async def chat_workers_alive(self) -> bool:
         return await self.chat_workers() > 0
 
+    async def follow_elsewhere(self, job_id: str) -> None:
+        """Record that this process follows a job (a resume; the admission script records the
+        admitting gateway): another gateway whose clients give the job up then leaves it
+        running for this one (`followed_elsewhere`). A gateway that crashes stays recorded
+        until the set expires: the job then runs to its end instead of being cancelled."""
+        key = self.keys.job_followers(job_id)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.sadd(key, self.name)
+                pipe.expire(key, self.settings.replay_ttl_s)
+                await pipe.execute()
+        except UNREACHABLE as exc:  # the resume works; only another gateway may cancel it
+            log.warning("could not record following %s: %r", job_id, exc)
+
+    async def followed_elsewhere(self, job_id: str) -> bool:
+        """This process no longer follows a job: whether another gateway process still does.
+        Unknown (Redis down) counts as no, so a job nobody wants is still cancelled."""
+        key = self.keys.job_followers(job_id)
+        try:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.srem(key, self.name)
+                pipe.scard(key)
+                _, left = await pipe.execute()
+        except UNREACHABLE as exc:
+            log.debug("could not read the followers of %s: %r", job_id, exc)
+            return False
+        return int(left) > 0
+
     async def cancel_job(self, job_id: str) -> None:
         """Set the cancel flag (for a job still queued) and tell running workers to stop it."""
         try:
@@ -178,6 +208,7 @@ class Gateway:
         while True:
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
             now = time.time()
-            self.metrics.streams.set(len(self.jobs))
-            for job in list(self.jobs.values()):
-                job.owner.expire(job, now)
+            self.metrics.streams.set(len(self.feeds))
+            for feed in list(self.feeds.values()):
+                for job in list(feed.followers.members):
+                    job.owner.expire(job, now)

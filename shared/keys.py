@@ -45,6 +45,11 @@ class Keys:
         """Which API key started the job: resume is allowed only for the same key."""
         return f"{self.prefix}:owner:{job_id}"
 
+    def job_followers(self, job_id: str) -> str:
+        """Set: the gateway processes following a job (the one that admitted it, and any that
+        resumed it), so one giving the job up does not cancel it under the others."""
+        return f"{self.prefix}:followers:{job_id}"
+
     @property
     def cancel_channel(self) -> str:
         """Workers subscribe here; each message is a job id to stop."""

@@ -14,12 +14,25 @@ tests/unit/shared/redis/test_client_pin.py fails, saying what to re-check, when 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from shared.errors import Overloaded
+
+# What a client is told to wait when Redis cannot be reached (the connections here and the
+# pipe's reconnect with a backoff of at most 1 s).
+REDIS_RETRY_AFTER_MS = 1000
+
+# What redis-py (and a bare socket under it) raises when Redis is down or does not answer:
+# the service is unavailable for now, not broken. (Builtin ConnectionError and TimeoutError
+# are OSErrors.)
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 class _WriteWithoutTask:
@@ -70,3 +83,16 @@ def redis_client(url: str, *, max_connections: int = 256, **options: Any) -> aio
     )
     pool.connection_class = _CLASSES.get(pool.connection_class, pool.connection_class)
     return aioredis.Redis.from_pool(pool)  # closing the client closes the pool
+
+
+@contextlib.contextmanager
+def unreachable_as_overloaded(what: str) -> Iterator[None]:
+    """Redis down or silent inside the block becomes :class:`~shared.errors.Overloaded` with a
+    retry hint, saying what was not done (`what`): the client retries; it is no bug."""
+    try:
+        yield
+    except UNREACHABLE as exc:
+        raise Overloaded(
+            f"{what}: Redis cannot be reached ({type(exc).__name__}); retry shortly",
+            retry_after_ms=REDIS_RETRY_AFTER_MS,
+        ) from exc

@@ -126,6 +126,15 @@ class Subscriber:
         if self._transport is not None:
             self._transport.write(pack((b"SUBSCRIBE", name)))
 
+    def reroute(self, channel: str, handler: Handler) -> bool:
+        """Hand a subscribed channel's messages to another handler, sending nothing to Redis;
+        False when `channel` is not subscribed."""
+        name = channel.encode()
+        if name not in self._handlers:
+            return False
+        self._handlers[name] = handler
+        return True
+
     async def subscribe_confirmed(self, channel: str, handler: Handler) -> None:
         """Subscribe and wait until Redis has acknowledged it (at most CONFIRM_TIMEOUT_S)."""
         name = channel.encode()

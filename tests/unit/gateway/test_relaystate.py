@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.relaystate import RelayState, usage_total
+from gateway.relaystate import Followers, Leave, RelayState, usage_total
 from shared.protocol import dumps, encode_chunk, encode_token
 
 
@@ -96,3 +96,48 @@ def test_resume_under_a_new_id_renames_frames_and_skips_old_tokens() -> None:
     frames = [json.loads(f) for f in step.frames]
     assert [f.get("seq") for f in frames] == [2, None]
     assert all(f["id"] == "new" for f in frames)
+
+
+def test_a_lone_follower_giving_up_cancels_the_job_and_frees_its_slot_once() -> None:
+    """One socket, gone mid-answer: unsubscribe, cancel the worker, settle; a second stop
+    of the same follower decides nothing."""
+    followers: Followers[str] = Followers()
+    followers.join("a")
+    assert followers.leave("a", ended=False) == Leave(unsubscribe=True, cancel=True, settle=True)
+    assert followers.leave("a", ended=False) is None
+
+
+def test_a_follower_leaving_while_another_follows_keeps_the_job_running() -> None:
+    """The original socket closes while a resume follows: no cancel, no settlement yet; the
+    resumer's end then settles once, and a job that ended is never cancelled."""
+    followers: Followers[str] = Followers()
+    followers.join("original")
+    followers.join("resumer")
+    assert followers.leave("original", ended=False) == Leave(
+        unsubscribe=False, cancel=False, settle=False
+    )
+    assert followers.leave("resumer", ended=True) == Leave(
+        unsubscribe=True, cancel=False, settle=True
+    )
+
+
+def test_the_job_ending_settles_at_the_first_follower_that_sees_it() -> None:
+    """Both sockets relay the done: the slot is freed at the first one, not again at the
+    second, and the channel goes with the last."""
+    followers: Followers[str] = Followers()
+    followers.join("a")
+    followers.join("b")
+    first = followers.leave("b", ended=True)
+    second = followers.leave("a", ended=True)
+    assert first == Leave(unsubscribe=False, cancel=False, settle=True)
+    assert second == Leave(unsubscribe=True, cancel=False, settle=False)
+
+
+def test_the_last_follower_giving_up_after_an_end_does_not_cancel() -> None:
+    """One follower relayed the done; the other then disconnects before relaying it: the
+    finished job is not cancelled and its slot is not settled twice."""
+    followers: Followers[str] = Followers()
+    followers.join("a")
+    followers.join("b")
+    followers.leave("a", ended=True)
+    assert followers.leave("b", ended=False) == Leave(unsubscribe=True, cancel=False, settle=False)
