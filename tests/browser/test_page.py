@@ -2,9 +2,9 @@
 
 The tests run in file order on one page, as a person would use it: an answer streams with its
 TTFT, model and route; a repeat comes from the cache; several chats run at once and one is
-stopped; a screenshot is taken (docs/page.png with FIRSTTOKEN_UPDATE_SCREENSHOT=1); then a gateway crash
-mid-answer is survived by a reconnect and a `resume`, and a dropped browser socket resumes
-through the gateway's cancel.
+stopped; a screenshot is taken (docs/page.png with FIRSTTOKEN_UPDATE_SCREENSHOT=1); then a
+gateway crash mid-answer is survived by a reconnect and a `resume`, and a dropped browser
+socket resumes through the gateway's cancel.
 """
 
 from __future__ import annotations
