@@ -145,11 +145,24 @@ def parse_chat_request(body: Any, served_model: str, default_max_tokens: int) ->
         raise _BadRequest("temperature must be a number between 0 and 2")
     if body.get("n", 1) != 1:
         raise _BadRequest("only n=1 is supported")
+    # vLLM's chat extras for continuing an answer, checked as vLLM checks them.
+    continue_final = body.get("continue_final_message", False)
+    if not isinstance(continue_final, bool) or not isinstance(
+        body.get("add_generation_prompt", True), bool
+    ):
+        raise _BadRequest("continue_final_message and add_generation_prompt must be booleans")
+    if continue_final and body.get("add_generation_prompt", False):
+        raise _BadRequest(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        )
+    if continue_final and messages[-1].role != "assistant":
+        raise _BadRequest("continue_final_message needs an assistant message last")
     return EngineRequest(
         messages=messages,
         model=model,
         max_tokens=max_tokens,
         temperature=None if temperature is None else float(temperature),
+        continue_final=continue_final,
     )
 
 

@@ -50,6 +50,12 @@ class Keys:
         resumed it), so one giving the job up does not cancel it under the others."""
         return f"{self.prefix}:followers:{job_id}"
 
+    def worker_jobs(self, worker: str) -> str:
+        """Hash: job id -> the ChatJob payload, for every chat a chat worker runs now: its
+        owner lease (the worker's heartbeat in `worker_heartbeats` is the lease's renewal),
+        from which another worker takes the chat over when the owner dies (workers/failover.py)."""
+        return f"{self.prefix}:jobs:{worker}"
+
     @property
     def cancel_channel(self) -> str:
         """Workers subscribe here; each message is a job id to stop."""

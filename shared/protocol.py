@@ -227,6 +227,9 @@ class DoneExtras(TypedDict, total=False):
     route: str
     route_reason: str
     conversation_id: str
+    # The worker running the chat died mid-answer and another worker continued it from the
+    # text already sent (shared/failover.py); absent when one worker answered it all.
+    continued: bool
 
 
 class _Done(DoneExtras):
@@ -334,6 +337,9 @@ def done_frame(chunk: DoneChunk, chat_id: str, timings: dict[str, float]) -> Don
 # relays them without parsing JSON: "T<seq>\n<token frame>".
 #   S\n<started chunk json>     the worker picked the job up (again on each model failover)
 #   T<seq>\n<token frame json>  forward verbatim
+#   T<seq>:<n>\n<token frame>   the same; n: the answer's tokens up to and including this chunk,
+#                               what a worker taking the chat over continues from (a cache
+#                               replay's chunks carry none: it cannot be continued)
 #   D\n<done chunk json>        the gateway turns it into the `done` frame, then forwards
 #   E\n<error frame json>       forward; the job is over
 
@@ -348,22 +354,40 @@ Failover = TypedDict("Failover", {"from": str, "to": str})
 class StartedChunk(TypedDict):
     t: float  # when the worker started the job (wall clock)
     failover: NotRequired[Failover]  # the model it moved to after the first one failed
+    # The chat worker running the job (its heartbeat name): the gateway watches its heartbeat,
+    # and a worker taking the job over sends its own `started`.
+    worker: NotRequired[str]
 
 
-def encode_started(started_at: float, failover: Failover | None = None) -> str:
+def encode_started(
+    started_at: float, failover: Failover | None = None, worker: str | None = None
+) -> str:
     chunk: StartedChunk = {"t": started_at}
     if failover is not None:
         chunk["failover"] = failover
+    if worker is not None:
+        chunk["worker"] = worker
     return dumps(chunk)
 
 
-def encode_chunk(kind: str, payload: str, seq: int | None = None) -> str:
-    return f"{kind}{'' if seq is None else seq}\n{payload}"
+def encode_chunk(kind: str, payload: str, seq: int | None = None, tokens: int | None = None) -> str:
+    if seq is None:
+        return f"{kind}\n{payload}"
+    if tokens is None:
+        return f"{kind}{seq}\n{payload}"
+    return f"{kind}{seq}:{tokens}\n{payload}"
 
 
 def decode_chunk(message: str) -> tuple[str, int | None, str]:
     """Split a pub/sub message into (kind, seq, payload)."""
     header, _, payload = message.partition("\n")
     kind = header[:1]
-    seq = int(header[1:]) if len(header) > 1 else None
+    seq = int(header[1:].partition(":")[0]) if len(header) > 1 else None
     return kind, seq, payload
+
+
+def chunk_tokens(message: str) -> int | None:
+    """The answer's tokens up to a token chunk (its header's count), None where it has none."""
+    header = message.partition("\n")[0]
+    count = header.partition(":")[2]
+    return int(count) if count else None

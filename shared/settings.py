@@ -147,6 +147,14 @@ class Settings(BaseSettings):
     worker_heartbeat_s: float = Field(
         1.0, gt=0, description="How often workers announce themselves."
     )
+    worker_lost_after_s: float = Field(
+        2.0,
+        gt=0,
+        description="A chat worker whose last heartbeat is older than this is taken for dead: "
+        "another chat worker takes its chats over, or, with none left, the gateway ends them "
+        "with `engine_error`. At least 1.5 heartbeats are used (one late beat on a busy "
+        "machine is no death).",
+    )
 
     # --- worker ---------------------------------------------------------------------------
     chat_concurrency: int = Field(
@@ -431,6 +439,12 @@ class Settings(BaseSettings):
         description="Log level of the gateway's own loggers (a worker's is `firsttoken worker "
         "--loglevel`). No level logs prompt or answer text (shared/logs.py).",
     )
+
+    @property
+    def worker_lost_s(self) -> float:
+        """`worker_lost_after_s` as used: never within one and a half heartbeats (a deployment
+        with slow heartbeats would otherwise see every worker die between two beats)."""
+        return max(self.worker_lost_after_s, 1.5 * self.worker_heartbeat_s)
 
     @model_validator(mode="after")
     def _check_engine(self) -> Settings:

@@ -66,7 +66,9 @@ class JobPublisher:
         self._expiry_set = True
         self._send((message.encode(), self._maxlen, ttl), urgent=urgent)
 
-    def start(self, started_at: float, cancel_flag: str) -> asyncio.Future[object]:
+    def start(
+        self, started_at: float, cancel_flag: str, worker: str | None = None
+    ) -> asyncio.Future[object]:
         """Announce that the job started (first on the pipe, so before its tokens).
 
         The same script call reads the job's cancel flag: the returned future says (1 or 0)
@@ -74,16 +76,17 @@ class JobPublisher:
         read reaches the worker as a message (the job is registered as running by then)."""
         cancelled: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._expiry_set = True
-        started = encode_chunk(CHUNK_STARTED, encode_started(started_at)).encode()
+        started = encode_chunk(CHUNK_STARTED, encode_started(started_at, worker=worker)).encode()
         script = self._chunks.keyed((self._channel, self._stream, cancel_flag))
         script.send((started, self._maxlen, self._ttl), cancelled)
         return cancelled
 
-    def token(self, text: str) -> None:
-        """One token chunk; the answer's first is written at once (the client waits on it)."""
+    def token(self, text: str, tokens: int | None = None) -> None:
+        """One token chunk; the answer's first is written at once (the client waits on it).
+        `tokens`: the answer's tokens so far, for a worker that may have to continue it."""
         seq = self.next_seq
         self.next_seq += 1
-        message = encode_chunk(CHUNK_TOKEN, encode_token(self._chat_id, seq, text), seq)
+        message = encode_chunk(CHUNK_TOKEN, encode_token(self._chat_id, seq, text), seq, tokens)
         self.send(message, urgent=seq == 0)
 
     def done(self, chunk: DoneChunk) -> None:

@@ -24,6 +24,9 @@ class TokenStream:
         self.timer: asyncio.TimerHandle | None = None
         self.text: list[str] = []
         self.first_published: float | None = None
+        # Deltas added so far (a continued chat starts at the count already sent): each chunk
+        # carries it, so a worker taking the chat over knows how many tokens were sent.
+        self.tokens = 0
 
     @property
     def answer(self) -> str:
@@ -35,7 +38,7 @@ class TokenStream:
         if text:
             if self.first_published is None:
                 self.first_published = now
-            self.publisher.token(text)
+            self.publisher.token(text, self.tokens)
 
     def _flush_later(self) -> None:
         self.timer = None
@@ -43,6 +46,7 @@ class TokenStream:
 
     def add(self, text: str) -> None:
         self.text.append(text)
+        self.tokens += 1
         if self.coalescer.add(text, time.time()):
             self._cancel_timer()
             self.flush()

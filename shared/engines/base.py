@@ -15,6 +15,9 @@ class EngineRequest:
     model: str
     max_tokens: int
     temperature: float | None = None
+    # The last message is the start of the assistant's answer, to be continued (a chat taken
+    # over after its worker died, shared/failover.py): vLLM's `continue_final_message`.
+    continue_final: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -187,6 +187,11 @@ class OpenAIEngine:
         }
         if request.temperature is not None:  # unset, the server applies the model's default
             body["temperature"] = request.temperature
+        if request.continue_final:
+            # vLLM's chat extras (top-level body fields; the OpenAI SDK's `extra_body`): the
+            # final assistant message is left open and continued, with no new turn started.
+            body["continue_final_message"] = True
+            body["add_generation_prompt"] = False
         try:
             response = await self._http.post(self._head, orjson.dumps(body))
         except TimeoutError as exc:  # the connect deadline

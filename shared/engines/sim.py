@@ -16,7 +16,8 @@ Timing model (all times in ms, each scaled by ``1 + jitter * U(-1, 1)``):
 Tokens follow an absolute schedule on the loop clock, so the overhead of each wake-up does
 not add up over a long answer. The answer text is a pure function of (model, messages): the
 same prompt always gets the same words, which lets tests compare streaming with non-streaming
-and the cache compare answers.
+and the cache compare answers. A request to continue its last (assistant) message
+(``continue_final``, vLLM's ``continue_final_message``) gets the rest of that same answer.
 
 ``abort(request_id)`` wakes the stream at once; it then yields one last ``Delta`` with
 ``finish_reason="abort"`` and ends (it raises nothing). A stream whose consumer stops
@@ -26,6 +27,7 @@ iterating (``aclose()``, a cancelled task, or ``abort``) counts as aborted, neve
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import math
@@ -171,6 +173,25 @@ def plan_answer(request: EngineRequest, max_tokens: int) -> tuple[list[str], str
     return tokens, "stop"
 
 
+def plan_continuation(request: EngineRequest, max_tokens: int) -> tuple[list[str], str]:
+    """The rest of an answer whose start is the request's last (assistant) message, as a
+    `continue_final_message` request asks: the tokens the same prompt without that message is
+    answered with, after those that make up the start, within the request's max_tokens. A
+    start that is not a prefix of the planned answer is continued after as many of its
+    characters as it has, so the text still ends the way the planned one does."""
+    head = dataclasses.replace(request, messages=request.messages[:-1], max_tokens=max_tokens)
+    tokens, finish_reason = plan_answer(head, max_tokens)
+    prefix = len(request.messages[-1].content)
+    taken = chars = 0
+    while taken < len(tokens) and chars + len(tokens[taken]) <= prefix:
+        chars += len(tokens[taken])
+        taken += 1
+    rest = tokens[taken : taken + max(1, request.max_tokens)]
+    if taken + len(rest) < len(tokens):
+        return rest, "length"
+    return rest, finish_reason
+
+
 def on_step(t: float, step: float) -> float:
     """The first boundary of a clock ticking every ``step`` at or after ``t``."""
     return math.ceil(t / step - 1e-9) * step
@@ -205,7 +226,10 @@ class SimEngine:
     ) -> AsyncGenerator[Delta, None]:
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already streaming")
-        tokens, finish_reason = plan_answer(request, self.options.max_tokens)
+        if request.continue_final and request.messages[-1].role == "assistant":
+            tokens, finish_reason = plan_continuation(request, self.options.max_tokens)
+        else:
+            tokens, finish_reason = plan_answer(request, self.options.max_tokens)
         prompt_tokens = count_prompt_tokens(request.messages)
         state = _Stream()
         self._streams[request_id] = state

@@ -59,7 +59,7 @@ class VLLMEngine:
     ) -> AsyncGenerator[Delta, None]:
         if request_id in self._wakers:
             raise ValueError(f"request id {request_id!r} is already streaming")
-        prompt = await self._render(request.messages)
+        prompt = await self._render(request.messages, continue_final=request.continue_final)
         params: dict[str, Any] = {"max_tokens": request.max_tokens, "output_kind": self._delta_kind}
         if request.temperature is not None:
             params["temperature"] = request.temperature
@@ -119,18 +119,25 @@ class VLLMEngine:
             await self.abort(request_id)
         self._llm.shutdown()
 
-    async def _render(self, messages: Sequence[Message]) -> str:
+    async def _render(self, messages: Sequence[Message], *, continue_final: bool = False) -> str:
         if self._tokenizer is None:
             # get_tokenizer() is a coroutine in older vLLM versions, a plain method in newer.
             tokenizer = self._llm.get_tokenizer()
             self._tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
         chat = [{"role": m.role, "content": m.content} for m in messages]
         if getattr(self._tokenizer, "chat_template", None):
+            # As vLLM's server does for `continue_final_message`: the last (assistant)
+            # message is left open, and no new assistant turn is started.
+            # (Passed only when set: transformers before 4.45 knows no such argument.)
+            extra = {"continue_final_message": True} if continue_final else {}
             text = self._tokenizer.apply_chat_template(
-                chat, tokenize=False, add_generation_prompt=True
+                chat, tokenize=False, add_generation_prompt=not continue_final, **extra
             )
             return str(text)
         # A bare model (such as the tiny test model) has no template: plain role lines.
+        if continue_final:
+            head = "".join(f"{m.role}: {m.content}\n" for m in messages[:-1])
+            return f"{head}assistant:{messages[-1].content}"
         return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant:"
 
 

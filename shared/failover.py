@@ -1,0 +1,166 @@
+"""A chat whose worker died: who notices, what happens to it. Pure: no Redis, no clock.
+
+The design (issue 29; the I/O is workers/failover.py on the workers' side, gateway/jobs.py's
+watchdog on the gateway's):
+
+- **Lease.** A chat worker records every chat it runs in its own hash (`Keys.worker_jobs`:
+  job id -> the `ChatJob` payload), written once when the chat starts and removed when it
+  ends. The lease is renewed by the heartbeat the worker sends anyway (`worker_heartbeats`),
+  once per worker per beat, never per chat or per token: a worker whose beat is older than
+  `worker_lost_s` has lost the leases of all its chats at once.
+- **Detection.** Every surviving chat worker looks for lost workers twice per beat (one small
+  sorted-set read); every gateway watches the heartbeat of each job's worker (the `started`
+  chunk names it) in its own count of the chat workers.
+- **Claim.** A survivor moves a lost worker's leases into its own hash with one Lua script, so
+  exactly one worker takes each chat over, and only while the owner's beat is still stale. The
+  dead worker's Celery message cannot run a third time: the chat queue's reader removed it on
+  receipt (workers/consumer.py). A worker whose lease was taken while it was in fact alive (a
+  stall longer than `worker_lost_s`) finds its chat missing from its hash at its next look and
+  stands down without a word: the survivor speaks for the chat from then on.
+- **Continuation.** The job's replay stream holds every chunk sent: the text so far, the last
+  seq, the tokens so far (each token chunk's header). No token yet: the chat is run again from
+  the start, which the client cannot tell. Some text: the engine is asked to continue the
+  assistant message that text starts (vLLM's `continue_final_message`), the chunks go on at the
+  next seq, and `done` says `continued`. A cut cache replay has no token counts and is not
+  continued.
+- **No survivor.** The gateway ends the chat with `engine_error` as soon as its worker's beat is
+  `worker_lost_s` old (within 3 s of the death at the defaults) and records its usage row;
+  with survivors it first leaves them `TAKEOVER_GRACE_S` to claim it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import orjson
+
+from shared.engines.base import EngineRequest
+from shared.protocol import (
+    CHUNK_DONE,
+    CHUNK_ERROR,
+    CHUNK_TOKEN,
+    Message,
+    chunk_tokens,
+    decode_chunk,
+)
+
+# How long past an owner's loss a gateway waits for a survivor to take a chat over before it
+# ends the chat itself: survivors look twice per heartbeat (0.5 s at the default), and a claim
+# is two Redis round trips; the rest is slack for a busy machine.
+TAKEOVER_GRACE_S = 1.5
+
+
+# --- the worker's side -------------------------------------------------------------------
+
+
+def lost_workers(beats: Mapping[str, float], *, now: float, lost_s: float, me: str) -> list[str]:
+    """The chat workers (other than `me`) whose last heartbeat is `lost_s` old or older."""
+    return sorted(name for name, beat in beats.items() if name != me and now - beat >= lost_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Takeover:
+    """What a worker that claimed a dead worker's chat does with it, read off its replay log.
+
+    - ``ended``: the log already has the chat's `done` or `error`: nothing to do;
+    - ``rerun``: no token was sent: run the chat from the start (the client cannot tell);
+    - ``continue``: continue the answer from ``text`` (``tokens`` tokens, chunks up to
+      ``next_seq - 1`` sent);
+    - ``fail``: text was sent that cannot be continued (a cache replay: its chunks carry no
+      token count): end the chat with `engine_error`.
+    """
+
+    kind: Literal["ended", "rerun", "continue", "fail"]
+    text: str = ""
+    next_seq: int = 0
+    tokens: int = 0
+
+
+def plan_takeover(log: Iterable[str]) -> Takeover:
+    """Decide a claimed chat's fate from its replay stream's messages, oldest first."""
+    texts: list[str] = []
+    next_seq, tokens = 0, 0
+    countable = True
+    for message in log:
+        kind, seq, payload = decode_chunk(message)
+        if kind in (CHUNK_DONE, CHUNK_ERROR):
+            return Takeover("ended")
+        if kind != CHUNK_TOKEN or seq is None or seq < next_seq:
+            continue  # a `started`, or a copy of a chunk already read
+        if seq > next_seq:
+            return Takeover("fail", "".join(texts), next_seq, tokens)  # a hole: never guessed
+        texts.append(str(orjson.loads(payload)["text"]))
+        next_seq += 1
+        count = chunk_tokens(message)
+        if count is None:
+            countable = False
+        else:
+            tokens = count
+    if next_seq == 0:
+        return Takeover("rerun")
+    if not countable:
+        return Takeover("fail", "".join(texts), next_seq, tokens)
+    return Takeover("continue", "".join(texts), next_seq, tokens)
+
+
+def continuation_request(request: EngineRequest, prefix: str, tokens_sent: int) -> EngineRequest:
+    """The engine request that continues an answer cut after `prefix` (`tokens_sent` tokens):
+    the prefix as the start of the assistant's message, and the tokens left of the budget
+    (at least one: the engine then ends the answer with its finish reason)."""
+    return dataclasses.replace(
+        request,
+        messages=[*request.messages, Message(role="assistant", content=prefix)],
+        max_tokens=max(1, request.max_tokens - tokens_sent),
+        continue_final=True,
+    )
+
+
+# --- the gateway's side -------------------------------------------------------------------
+
+Verdict = Literal["alive", "wait", "give_up"]
+
+
+def owner_verdict(
+    owner: str, beats: Mapping[str, float], *, checked_at: float, lost_s: float
+) -> Verdict:
+    """What a gateway makes of a started chat's worker, from its last count of the chat
+    workers' heartbeats (`beats`, read at `checked_at`).
+
+    ``alive``: its beat is fresh. Lost, with another worker alive: ``wait`` for it to take the
+    chat over, up to TAKEOVER_GRACE_S past the loss, then ``give_up``; lost with no other
+    worker alive: ``give_up`` at once. An owner missing from the count counts as alive (the
+    idle deadline still applies): a worker just started may beat after the count was taken, a
+    stopping one ends its chats itself, and one whose chats were claimed has none left.
+    """
+    beat = beats.get(owner)
+    if beat is None:
+        return "alive"
+    age = checked_at - beat
+    if age < lost_s:
+        return "alive"
+    others = any(checked_at - b < lost_s for name, b in beats.items() if name != owner)
+    if others and age < lost_s + TAKEOVER_GRACE_S:
+        return "wait"
+    return "give_up"
+
+
+def started_worker(payload: str) -> str | None:
+    """The worker a `started` chunk names, if any."""
+    try:
+        worker = orjson.loads(payload).get("worker")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return worker if isinstance(worker, str) else None
+
+
+def delivered_tokens(log: Sequence[str]) -> int:
+    """The answer's tokens as of the last token chunk in `log` (0 without one, or without a
+    count: a cache replay's chunks, which the gateway's usage row then counts as 0)."""
+    for message in reversed(log):
+        kind, _, _ = decode_chunk(message)
+        if kind == CHUNK_TOKEN:
+            return chunk_tokens(message) or 0
+    return 0
