@@ -25,7 +25,8 @@ from typing import Any, TypeVar
 from shared.cache.policy import Query
 from shared.coalesce import Coalescer
 from shared.engines.base import Delta
-from shared.errors import Cancelled, DeadlineExceeded, FirstTokenError, error_frame
+from shared.errors import Cancelled, DeadlineExceeded, EngineError, FirstTokenError, error_frame
+from shared.failover import Takeover
 from shared.keys import CHAT_TASK
 from shared.prompt import BuiltPrompt
 from shared.protocol import Usage, done_chunk
@@ -36,6 +37,7 @@ from workers.cache_stage import CacheStage, Lookup
 from workers.context import WorkerContext
 from workers.db import database
 from workers.deferred import deferred
+from workers.failover import LeaseKeeper
 from workers.generate import Generation, job_generation
 from workers.lifecycle import lifecycle
 from workers.publish import JobPublisher
@@ -89,12 +91,43 @@ async def run_chat(job: ChatJob) -> None:
     await ChatRun(await lifecycle.context(), job).run()
 
 
+async def resume_chat(ctx: WorkerContext, job: ChatJob, plan: Takeover) -> None:
+    """A chat taken over from a dead worker (workers/failover.py): run again from the start
+    (no token was sent) or continued from the text sent."""
+    await ChatRun(ctx, job, plan).run()
+
+
+async def fail_takeover(ctx: WorkerContext, job: ChatJob, plan: Takeover) -> None:
+    """A chat taken over that cannot be continued (shared/failover.py `plan_takeover`): its
+    `engine_error` after the chunks sent, and its usage row with the tokens delivered."""
+    run = ChatRun(ctx, job, plan)
+    await run.fail(
+        EngineError(
+            "the worker answering this chat stopped and its answer cannot be continued;"
+            " please retry"
+        )
+    )
+
+
+def start_failover(ctx: WorkerContext) -> LeaseKeeper:
+    """This chat worker's lease keeper (workers/failover.py), running on the loop."""
+    keeper = LeaseKeeper(
+        ctx,
+        ctx.leases,
+        functools.partial(resume_chat, ctx),
+        functools.partial(fail_takeover, ctx),
+    )
+    return keeper
+
+
 class ChatRun:
     """One chat job from pickup to its usage row."""
 
-    def __init__(self, ctx: WorkerContext, job: ChatJob) -> None:
+    def __init__(self, ctx: WorkerContext, job: ChatJob, takeover: Takeover | None = None) -> None:
         self.ctx = ctx
         self.job = job
+        # Set when this worker took the chat over from a dead one (workers/failover.py).
+        self.takeover = takeover
         self.points: dict[str, float] = {
             "received": job.received_at,
             "enqueued": job.enqueued_at,
@@ -114,6 +147,14 @@ class ChatRun:
         )
         self.model = job.model or ctx.models.default
         self.completion_tokens = 0
+        # Tokens sent before this worker took the chat over, and whether it continues them.
+        self._tokens_before = 0
+        self.continued = takeover is not None and takeover.kind in ("continue", "fail")
+        if takeover is not None and self.continued:
+            # The answer goes on from the chunks sent: the next seq, the text, the count.
+            self.publisher.next_seq = takeover.next_seq
+            self.stream.text = [takeover.text]
+            self.stream.tokens = self._tokens_before = self.completion_tokens = takeover.tokens
         self._built: BuiltPrompt | None = None
         self.generation: Generation | None = None
         self.cache: CacheStage | None = None
@@ -127,6 +168,8 @@ class ChatRun:
         # awaited helper task, and the chat would then run on. The flag is checked at every
         # step that publishes.
         self.cancel_requested = False
+        # Set by stand_down(): another worker took this chat over; nothing more is said here.
+        self.superseded = False
 
     @property
     def prompt_tokens(self) -> int:
@@ -138,6 +181,12 @@ class ChatRun:
         self.cancel_requested = True
         if self._task is not None:
             self._task.cancel()
+
+    def stand_down(self) -> None:
+        """Stop without publishing or recording anything: another worker claimed this chat
+        (this worker was taken for dead) and answers it from now on."""
+        self.superseded = True
+        self.cancel()
 
     def _check_cancelled(self) -> None:
         if self.cancel_requested:
@@ -160,13 +209,19 @@ class ChatRun:
                 await self._failed(exc)
         finally:
             self.ctx.running.pop(self.job.job_id, None)
+            self.ctx.leases.release(self.job.job_id)
             for helper in self._helpers:
                 helper.cancel()
+
+    async def fail(self, exc: FirstTokenError) -> None:
+        """End the chat with `exc` at once (a takeover that cannot continue it)."""
+        await self._failed(exc)
 
     async def _admit(self) -> bool:
         """Drop a job found past its deadline or cancelled while queued."""
         job, now = self.job, self.points["worker_start"]
-        if now > job.deadline_at:
+        # A chat taken over was picked up in time by the worker that died: no queue deadline.
+        if self.takeover is None and now > job.deadline_at:
             await self._failed(
                 DeadlineExceeded(
                     f"the chat waited {now - job.enqueued_at:.1f}s for a worker, past its "
@@ -174,7 +229,12 @@ class ChatRun:
                 )
             )
             return False
-        self._queued_cancel = self.publisher.start(now, self.ctx.keys.cancel_flag(job.job_id))
+        # The lease first, on the same pipe: whenever the gateway hears of this worker, a
+        # survivor can take the chat over (workers/failover.py).
+        self.ctx.leases.hold(job)
+        self._queued_cancel = self.publisher.start(
+            now, self.ctx.keys.cancel_flag(job.job_id), worker=self.ctx.name
+        )
         self._queued_cancel.add_done_callback(self._on_start_reply)
         return True
 
@@ -227,7 +287,7 @@ class ChatRun:
         self.points["retrieval_done"] = time.time()
         self.model = prepared.model
         self._built = prepared.built
-        self.generation = job_generation(self.ctx, prepared.job, self.publisher)
+        self.generation = job_generation(self.ctx, prepared.job, self.publisher, self.takeover)
         # Off the first token's path: these run once the engine request is out, and once no
         # other chat waits in the queue for its own (workers/deferred.py). A first turn's
         # prompt may go out before its tokens are counted: see BuiltPrompt.
@@ -258,6 +318,8 @@ class ChatRun:
     def _cacheable(self) -> bool:
         # A turn of a stored conversation depends on history the cache key cannot see.
         job = self.job
+        if self.takeover is not None:
+            return False  # a takeover answers from the engine, and its answer is not stored
         return job.cache and not (job.conversation_id and not job.new_conversation)
 
     async def _lookup_within_head_start(self, lookup: asyncio.Future[Any]) -> bool:
@@ -350,7 +412,8 @@ class ChatRun:
             if delta.prompt_tokens is not None:
                 engine_prompt_tokens = delta.prompt_tokens
             if delta.completion_tokens is not None:
-                self.completion_tokens = delta.completion_tokens
+                # A continuation's engine counts only what it generated.
+                self.completion_tokens = self._tokens_before + delta.completion_tokens
             delta = await _next(deltas)
         self._check_cancelled()
         self.stream.close()
@@ -386,7 +449,7 @@ class ChatRun:
                 usage=usage,
                 chunks=self.publisher.next_seq,
                 points=points,
-                extras=retrieval.done_fields(prepared),
+                extras=self._done_extras(prepared),
             )
         )
         if lookup is not None and not lookup.done():
@@ -426,12 +489,20 @@ class ChatRun:
             ),
         )
 
+    def _done_extras(self, prepared: retrieval.Prepared) -> dict[str, Any]:
+        extras: dict[str, Any] = dict(retrieval.done_fields(prepared))
+        if self.continued:
+            extras["continued"] = True
+        return extras
+
     # --- endings --------------------------------------------------------------------------
     async def _cancelled(self) -> None:
         self.stream.stop()
         if self.generation is not None:
             with contextlib.suppress(Exception):
                 await self.generation.abort()
+        if self.superseded:
+            return  # the worker that took the chat over speaks and records for it
         outcome = Outcome(
             self.model,
             "cancelled",

@@ -46,7 +46,7 @@ from shared.heap import freeze_startup_objects
 from shared.keys import CHAT_QUEUE
 from shared.tasks import TaskCall
 from workers.app import SHUTDOWN_GRACE_S
-from workers.chat import HANDLERS, warm_chat_worker
+from workers.chat import HANDLERS, start_failover, warm_chat_worker
 from workers.consumer import QueueConsumer, chat_consumer
 from workers.context import WorkerContext
 from workers.deferred import deferred
@@ -126,6 +126,8 @@ class ChatPool(bootsteps.StartStopStep):  # type: ignore[misc]  # celery: no ann
     def __init__(self, w: Any, **kwargs: Any) -> None:
         self.reader: QueueConsumer | None = None
         self._reading: asyncio.Task[None] | None = None
+        # Takes over the chats of chat workers that died (workers/failover.py).
+        self._keeping: asyncio.Task[None] | None = None
         super().__init__(w, **kwargs)
 
     def include_if(self, w: Any) -> bool:
@@ -149,6 +151,7 @@ class ChatPool(bootsteps.StartStopStep):  # type: ignore[misc]  # celery: no ann
                 events=events,
             )
             self._reading = asyncio.create_task(self.reader.run(), name="chat-queue-reader")
+            self._keeping = asyncio.create_task(start_failover(ctx).run(), name="lease-keeper")
 
         # Warm-up and reader, then the announcement (workers/lifecycle.py).
         lifecycle.runner.run(lifecycle.ready(warm_and_read))
@@ -193,6 +196,8 @@ class ChatPool(bootsteps.StartStopStep):  # type: ignore[misc]  # celery: no ann
             lifecycle.runner.run(reader.drain(0.0), timeout=6.0)
 
     async def _stop_reader(self, reader: QueueConsumer, grace_s: float) -> int:
+        if self._keeping is not None:  # a stopping worker takes nothing over
+            self._keeping.cancel()
         reader.stop()
         if self._reading is not None:
             await asyncio.wait([self._reading])  # ends after the read in progress (poll_s)

@@ -23,6 +23,7 @@ from shared.modeltable import ModelSpec, ModelTable, model_table
 from shared.redis.pipe import PipeScript, RedisPipe
 from shared.settings import Settings
 from shared.tasks import UsageRecord
+from workers.failover import JobLeases
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,9 @@ class Cancellable(Protocol):
     """A running chat the cancel listener can stop (workers.chat.ChatRun)."""
 
     def cancel(self) -> None: ...
+
+    def stand_down(self) -> None:
+        """Stop without a word: another worker took the chat over (workers/failover.py)."""
 
 
 class UsageSink(Protocol):
@@ -53,6 +57,8 @@ class WorkerContext:
     chunks: PipeScript  # workers/publish.py's SEND_LUA on the pipe
     # Usage rows of chats ending close together, one bulk task per batch (workers/record.py).
     usage: UsageSink
+    # The owner leases of this worker's chats (workers/failover.py), on the same pipe.
+    leases: JobLeases
     _engines: dict[tuple[str, str], Engine] = field(default_factory=dict)
     running: dict[str, Cancellable] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)

@@ -28,6 +28,7 @@ from typing import Literal, Protocol
 from shared.engines.base import Delta, Engine, EngineRequest
 from shared.engines.deadlines import EngineStalled, with_deadlines
 from shared.errors import DeadlineExceeded, EngineError, FirstTokenError
+from shared.failover import Takeover, continuation_request
 from shared.modeltable import ModelSpec, ModelTable
 from shared.protocol import CHUNK_STARTED, Failover, encode_started
 from shared.settings import Settings
@@ -196,11 +197,15 @@ class _Context(Engines, Protocol):
     def settings(self) -> Settings: ...
 
 
-def job_generation(ctx: _Context, job: ChatJob, publisher: _Publisher) -> Generation:
+def job_generation(
+    ctx: _Context, job: ChatJob, publisher: _Publisher, resume: Takeover | None = None
+) -> Generation:
     """The generation of one chat job, with the worker's deadlines.
 
     On each failover the job's channel gets another `started` message: it tells the gateway
     the worker is alive, so its idle watchdog does not end a chat that is only changing models.
+    `resume`: the chat was taken over from a dead worker with part of its answer sent; the
+    engine continues that answer (shared/failover.py).
     """
 
     async def on_failover(failure: Failure, nxt: ModelSpec) -> None:
@@ -213,6 +218,8 @@ def job_generation(ctx: _Context, job: ChatJob, publisher: _Publisher) -> Genera
         max_tokens=job.max_tokens,
         temperature=job.temperature,
     )
+    if resume is not None and resume.kind == "continue":
+        request = continuation_request(request, resume.text, resume.tokens)
     return Generation(
         ctx,
         ctx.models,

@@ -31,6 +31,7 @@ from shared.settings import get_settings
 from workers.cache_stage import close_stage
 from workers.context import WorkerContext
 from workers.db import close_database
+from workers.failover import JobLeases
 from workers.publish import SEND_LUA
 from workers.record import UsageBatcher
 from workers.runtime import LoopRunner, runner
@@ -60,6 +61,7 @@ def open_context(name: str) -> WorkerContext:
         usage=UsageBatcher(
             redis, keys.queue_list(BULK_QUEUE), name, settings.usage_batch_ms / 1000.0
         ),
+        leases=JobLeases(pipe, keys.worker_jobs(name), settings.replay_ttl_s),
     )
 
 
