@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 from gateway.admit import admit_chat
 from gateway.auth import Principal
 from gateway.metrics import GatewayMetrics
+from gateway.orphans import LostChat, record_lost_chat
 from gateway.ratelimit import Admission, Enqueue, RateLimiter
 from gateway.relay import Relay
 from gateway.relaystate import Followers, RelayState, Step
@@ -35,6 +36,7 @@ from shared.errors import (
     Overloaded,
     error_frame,
 )
+from shared.failover import TAKEOVER_GRACE_S, owner_verdict
 from shared.keys import CHAT_QUEUE, CHAT_TASK, Keys
 from shared.limits import charged_without_usage
 from shared.modeltable import ModelTable
@@ -54,6 +56,9 @@ class SessionHost(Protocol):
     keys: Keys
     name: str
     redis: Redis
+    # Every chat worker's last heartbeat, as of `beats_checked_at` (gateway/state.py).
+    chat_beats: dict[str, float]
+    beats_checked_at: float
     relay: Relay
     limiter: RateLimiter
     metrics: GatewayMetrics
@@ -79,11 +84,15 @@ class Feed:
     """One job's channel on this gateway process: the clients following it and the
     rate-limit reservation they share."""
 
-    __slots__ = ("admission", "channel", "followers", "job_id", "used")
+    __slots__ = ("admission", "channel", "followers", "job_id", "lost", "model", "used")
 
     def __init__(self, job_id: str, channel: str) -> None:
         self.job_id = job_id
         self.channel = channel
+        # The model asked for (for the usage row of a chat whose worker died), and whether
+        # that row was written (once, however many clients here follow the job).
+        self.model = ""
+        self.lost = False
         self.followers: Followers[Job] = Followers()
         # Rate-limit reservation of the gateway that admitted the job (None on a resume of a
         # job admitted elsewhere), settled when the job ends; `used` is the worker's exact
@@ -181,6 +190,7 @@ class JobOwner:
             )
         job_id = new_id()
         feed = Feed(job_id, gw.keys.job_channel(job_id))
+        feed.model = frame.model or gw.models.default
         job = Job(self, feed, RelayState(frame.id, received), received + settings.queue_deadline_s)
         feed.followers.join(job)
         self.jobs[frame.id] = job
@@ -357,12 +367,51 @@ class JobOwner:
                 " the service is overloaded, retry later"
             )
         else:
-            idle = self.gw.settings.stream_idle_timeout_s
-            if now - state.last_seen < idle:
+            settings = self.gw.settings
+            idle = settings.stream_idle_timeout_s
+            verdict = "alive"
+            if state.worker is not None:
+                verdict = owner_verdict(
+                    state.worker,
+                    self.gw.chat_beats,
+                    checked_at=self.gw.beats_checked_at,
+                    lost_s=settings.worker_lost_s,
+                )
+                # Silence while a dead worker's chat changes hands is no stall: the idle
+                # deadline waits out the loss and the takeover.
+                idle = max(idle, settings.worker_lost_s + TAKEOVER_GRACE_S)
+            if verdict == "wait":
                 return
-            exc = EngineError(
-                f"the worker stopped sending for {idle:g}s (it may have crashed); please retry"
-            )
+            if verdict == "give_up":
+                exc = EngineError(
+                    "the chat worker answering this chat stopped (no heartbeat for "
+                    f"{settings.worker_lost_s:g}s) and no other worker took it over; please retry"
+                )
+                self._record_lost(job)
+            elif now - state.last_seen < idle:
+                return
+            else:
+                exc = EngineError(
+                    f"the worker stopped sending for {idle:g}s (it may have crashed); please retry"
+                )
         state.finished = True
         self.send_error(state.chat_id, exc)
+        # Not ended: the job is cancelled, so a worker that claims it late drops it.
         self.gw.spawn(self.stop_job(job, ended=False))
+
+    def _record_lost(self, job: Job) -> None:
+        """The usage row of a chat whose worker died, by the gateway that admitted it."""
+        feed = job.feed
+        if feed.admission is None or feed.lost:
+            return
+        feed.lost = True
+        chat = LostChat(
+            job_id=feed.job_id,
+            tenant_id=self.principal.tenant_id,
+            key_id=self.principal.key_id,
+            model=feed.model,
+            prompt_tokens=feed.admission.prompt_estimate,
+            received_at=job.state.received_at,
+            first_sent_at=job.state.first_sent_at,
+        )
+        self.gw.spawn(record_lost_chat(self.gw.redis, self.gw.keys, self.gw.name, chat))

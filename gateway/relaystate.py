@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 import orjson
 
 from shared.errors import EngineError, error_frame
+from shared.failover import started_worker
 from shared.protocol import (
     CHUNK_DONE,
     CHUNK_ERROR,
@@ -52,6 +53,8 @@ class RelayState:
     holding: list[str] | None = None  # messages held while a repair is in flight
     # Set on a resume under a new chat id: frames from the worker carry the old one.
     rename: bool = False
+    # The chat worker running the job, as its `started` says (a takeover's names the new one).
+    worker: str | None = None
 
     def feed(self, message: str, now: float) -> Step:
         self.last_seen = now
@@ -98,6 +101,7 @@ class RelayState:
             step.frames.append(self._renamed(payload) if self.rename else payload)
         elif kind == CHUNK_STARTED:
             self.started = True
+            self.worker = started_worker(payload) or self.worker
         elif kind == CHUNK_DONE:
             data: DoneChunk = orjson.loads(payload)
             if int(data.get("chunks", 0)) > self.next_seq:

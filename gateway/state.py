@@ -77,6 +77,10 @@ class Gateway:
         self._first_use = FirstUse()  # sessions, pools, caches made by the first chats live on
         self._workers_checked = 0.0
         self._workers_alive = 0
+        # Every chat worker's last heartbeat as of the last count (`beats_checked_at`): the
+        # watchdog tells a running chat's dead worker from a live one by it (shared/failover.py).
+        self.chat_beats: dict[str, float] = {}
+        self.beats_checked_at = 0.0
         self._watchdog: asyncio.Task[None] | None = None
         self._worker_count: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -150,9 +154,14 @@ class Gateway:
     async def _count_chat_workers(self) -> None:
         now = time.time()
         horizon = now - 3 * self.settings.worker_heartbeat_s
-        self._workers_alive = int(
-            await self.redis.zcount(self.keys.worker_heartbeats(CHAT_QUEUE), horizon, "+inf")
+        # The whole set (one entry per chat worker: small), not a count: the watchdog needs
+        # each worker's beat.
+        beats: list[tuple[str, float]] = await self.redis.zrange(  # type: ignore[assignment]
+            self.keys.worker_heartbeats(CHAT_QUEUE), 0, -1, withscores=True
         )
+        self.chat_beats = {str(name): float(beat) for name, beat in beats}
+        self.beats_checked_at = now
+        self._workers_alive = sum(1 for beat in self.chat_beats.values() if beat >= horizon)
         self._workers_checked = now
 
     async def _keep_counting_chat_workers(self) -> None:
