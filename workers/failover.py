@@ -14,16 +14,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
+
+import redis.asyncio as aioredis
 
 from shared.failover import Takeover, lost_workers, plan_takeover
-from shared.keys import CHAT_QUEUE
+from shared.keys import CHAT_QUEUE, Keys
 from shared.redis.pipe import RedisPipe
+from shared.settings import Settings
 from shared.tasks import ChatJob
-
-if TYPE_CHECKING:
-    from workers.context import WorkerContext
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,24 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 return 1
 """
+
+
+class _Chat(Protocol):
+    def stand_down(self) -> None: ...
+
+
+class _Context(Protocol):
+    """What the keeper uses of the worker's context (workers/context.py, which imports this
+    module: the keeper sees only this shape of it)."""
+
+    settings: Settings
+    keys: Keys
+    redis: aioredis.Redis
+    name: str
+
+    @property
+    def running(self) -> Mapping[str, _Chat]: ...
+
 
 Resume = Callable[[ChatJob, Takeover], Awaitable[None]]
 Fail = Callable[[ChatJob, Takeover], Awaitable[None]]
@@ -93,7 +111,7 @@ class LeaseKeeper:
     """Looks for lost chat workers and takes their chats over; stands down a chat of this
     worker whose lease another worker took (this worker was taken for dead)."""
 
-    def __init__(self, ctx: WorkerContext, leases: JobLeases, resume: Resume, fail: Fail) -> None:
+    def __init__(self, ctx: _Context, leases: JobLeases, resume: Resume, fail: Fail) -> None:
         self._ctx = ctx
         self._leases = leases
         self._resume = resume
