@@ -56,6 +56,12 @@ class Keys:
         from which another worker takes the chat over when the owner dies (workers/failover.py)."""
         return f"{self.prefix}:jobs:{worker}"
 
+    def job_taken(self, job_id: str) -> str:
+        """String: the worker that took a job over from a dead one. A worker that finds its
+        lease of the job gone stands down only when this names another worker (else its
+        lease was lost with Redis's data, and it writes it again)."""
+        return f"{self.prefix}:taken:{job_id}"
+
     @property
     def cancel_channel(self) -> str:
         """Workers subscribe here; each message is a job id to stop."""

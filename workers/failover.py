@@ -88,21 +88,22 @@ class JobLeases:
         self._hold = pipe.script(HOLD_LUA)
         self.key = key
         self._ttl_s = ttl_s
-        # Job id -> when its lease was written (monotonic), for standing down (see LeaseKeeper).
-        self.held: dict[str, float] = {}
+        self.ttl_s = ttl_s
+        # Job id -> (when its lease was written (monotonic), the job), for standing down or
+        # writing the lease again (see LeaseKeeper).
+        self.held: dict[str, tuple[float, ChatJob]] = {}
 
     def hold(self, job: ChatJob) -> None:
         """Record the chat as this worker's (queued on the pipe, before its `started`)."""
-        self.held[job.job_id] = time.monotonic()
+        self.held[job.job_id] = (time.monotonic(), job)
         try:
             self._hold.send([self.key], [job.job_id, job.model_dump_json(), self._ttl_s])
         except ConnectionError:  # Redis is gone: the chat's own first write says so
             log.warning("could not record the lease of %s", job.job_id)
 
     def release(self, job_id: str) -> None:
-        """The chat ended here (or was taken over): drop its lease."""
-        if self.held.pop(job_id, None) is None:
-            return
+        """The chat ended here (or was handed on): drop its lease."""
+        self.held.pop(job_id, None)
         with contextlib.suppress(ConnectionError):
             self._pipe.send([b"HDEL", self.key.encode(), job_id.encode()])
 
@@ -119,6 +120,7 @@ class LeaseKeeper:
         self._beats_key = ctx.keys.worker_heartbeats(CHAT_QUEUE)
         self._claim = ctx.redis.register_script(CLAIM_LUA)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._missing: set[str] = set()  # leases found gone, with no claim marker, last tick
         self.taken_over = 0  # chats claimed so far (for logs and tests)
 
     async def run(self) -> None:
@@ -139,9 +141,11 @@ class LeaseKeeper:
         async with ctx.redis.pipeline(transaction=False) as pipe:
             pipe.zrange(self._beats_key, 0, -1, withscores=True)
             pipe.hkeys(self._leases.key)
-            beats, mine = await pipe.execute()
+            # The leases' own expiry (a dead worker's that nobody claims go), renewed here.
+            pipe.expire(self._leases.key, self._leases.ttl_s)
+            beats, mine, _ = await pipe.execute()
         now = time.time()
-        self._stand_down(set(mine), lost_s)
+        await self._check_own(set(mine), lost_s)
         for lost in lost_workers(dict(beats), now=now, lost_s=lost_s, me=ctx.name):
             room = settings.chat_concurrency - len(ctx.running) - len(self._tasks)
             if room <= 0:
@@ -153,25 +157,47 @@ class LeaseKeeper:
             pairs = list(zip(claimed[::2], claimed[1::2], strict=True))
             if pairs:
                 log.warning("worker %s lost; taking over %d of its chats", lost, len(pairs))
+            if pairs:
+                async with ctx.redis.pipeline(transaction=False) as pipe:
+                    for job_id, _ in pairs:
+                        taken = ctx.keys.job_taken(str(job_id))
+                        pipe.set(taken, ctx.name, ex=settings.replay_ttl_s)
+                    await pipe.execute()
             for job_id, payload in pairs:
                 self.taken_over += 1
-                self._leases.held[str(job_id)] = time.monotonic()
                 task = asyncio.create_task(self._take_over(str(payload)), name=f"takeover:{job_id}")
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
 
-    def _stand_down(self, mine: set[str], lost_s: float) -> None:
-        """Stop, silently, every chat of ours whose lease is gone from our hash: another worker
-        claimed it while we looked dead, and speaks for the chat now. A lease younger than
-        `lost_s` may not have reached Redis yet when the hash was read: left alone."""
+    async def _check_own(self, mine: set[str], lost_s: float) -> None:
+        """Our chats whose lease is gone from our hash: stop, silently, those another worker
+        took over while we looked dead (it speaks for them now); write again the leases Redis
+        lost with its data (a restart). A lease younger than `lost_s` may not have reached
+        Redis when the hash was read: left alone."""
         horizon = time.monotonic() - lost_s
-        for job_id, since in list(self._leases.held.items()):
-            if job_id in mine or since > horizon:
+        gone = [
+            (job_id, job)
+            for job_id, (since, job) in list(self._leases.held.items())
+            if job_id not in mine and since <= horizon
+        ]
+        if not gone:
+            return
+        ctx = self._ctx
+        takers = await ctx.redis.mget([ctx.keys.job_taken(job_id) for job_id, _ in gone])
+        missing, self._missing = self._missing, set()
+        for (job_id, job), taker in zip(gone, takers, strict=True):
+            if taker is None or taker == ctx.name:
+                # Written again only when still unclaimed a tick later: a claim sets its
+                # marker a round trip after it moved the lease.
+                if job_id in missing:
+                    self._leases.hold(job)
+                else:
+                    self._missing.add(job_id)
                 continue
             self._leases.held.pop(job_id, None)
-            run = self._ctx.running.get(job_id)
+            run = ctx.running.get(job_id)
             if run is not None:
-                log.warning("chat %s was taken over by another worker; standing down", job_id)
+                log.warning("chat %s was taken over by %s; standing down", job_id, taker)
                 run.stand_down()
 
     async def _take_over(self, payload: str) -> None:
