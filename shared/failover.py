@@ -41,6 +41,7 @@ from shared.engines.base import EngineRequest
 from shared.protocol import (
     CHUNK_DONE,
     CHUNK_ERROR,
+    CHUNK_STARTED,
     CHUNK_TOKEN,
     Message,
     chunk_tokens,
@@ -77,6 +78,9 @@ class Takeover:
     text: str = ""
     next_seq: int = 0
     tokens: int = 0
+    # The model the dead worker had moved to before its first token (its last `started`
+    # says), which must write the rest; None: the chat's own model.
+    model: str | None = None
 
 
 def plan_takeover(log: Iterable[str]) -> Takeover:
@@ -84,12 +88,16 @@ def plan_takeover(log: Iterable[str]) -> Takeover:
     texts: list[str] = []
     next_seq, tokens = 0, 0
     countable = True
+    model: str | None = None
     for message in log:
         kind, seq, payload = decode_chunk(message)
         if kind in (CHUNK_DONE, CHUNK_ERROR):
             return Takeover("ended")
+        if kind == CHUNK_STARTED and next_seq == 0:
+            model = _failed_over_to(payload) or model
+            continue
         if kind != CHUNK_TOKEN or seq is None or seq < next_seq:
-            continue  # a `started`, or a copy of a chunk already read
+            continue  # a copy of a chunk already read
         if seq > next_seq:
             return Takeover("fail", "".join(texts), next_seq, tokens)  # a hole: never guessed
         texts.append(str(orjson.loads(payload)["text"]))
@@ -103,7 +111,15 @@ def plan_takeover(log: Iterable[str]) -> Takeover:
         return Takeover("rerun")
     if not countable:
         return Takeover("fail", "".join(texts), next_seq, tokens)
-    return Takeover("continue", "".join(texts), next_seq, tokens)
+    return Takeover("continue", "".join(texts), next_seq, tokens, model)
+
+
+def _failed_over_to(payload: str) -> str | None:
+    try:
+        failover = orjson.loads(payload).get("failover")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return str(failover["to"]) if isinstance(failover, dict) and "to" in failover else None
 
 
 def continuation_request(request: EngineRequest, prefix: str, tokens_sent: int) -> EngineRequest:

@@ -113,7 +113,10 @@ class Generation:
         first_token_s: float,
         idle_s: float,
         on_failover: OnFailover | None = None,
+        bound: bool = False,
     ) -> None:
+        """`bound`: the asked model only, no fallback (a continuation: another model would
+        splice its text onto the first one's)."""
         self._engines = engines
         self._models = models
         # The model the client asked for (None: the default); request.model is replaced by
@@ -124,6 +127,7 @@ class Generation:
         self._first_token_s = first_token_s
         self._idle_s = idle_s
         self._on_failover = on_failover
+        self._bound = bound
         self._current: tuple[Engine, str] | None = None
         self.model = asked or models.default
         self.failures: list[Failure] = []
@@ -132,6 +136,8 @@ class Generation:
         """The answer's deltas; raises InvalidRequest for an unknown model (a chat enqueued
         past the gateway's check, or a table that differs between gateway and worker)."""
         chain = self._models.chain(self._asked)
+        if self._bound:
+            chain = chain[:1]
         for index, spec in enumerate(chain):
             self.model = spec.name
             engine = self._engines.engine_for(spec)
@@ -218,13 +224,17 @@ def job_generation(
         max_tokens=job.max_tokens,
         temperature=job.temperature,
     )
+    asked, bound = job.model, False
     if resume is not None and resume.kind == "continue":
         request = continuation_request(request, resume.text, resume.tokens)
+        # The model that wrote the start writes the rest.
+        asked, bound = resume.model or job.model, True
     return Generation(
         ctx,
         ctx.models,
         request,
-        asked=job.model,
+        asked=asked,
+        bound=bound,
         request_id=job.job_id,
         first_token_s=ctx.settings.first_token_deadline_s,
         idle_s=ctx.settings.engine_idle_timeout_s,

@@ -181,3 +181,10 @@ def test_the_sim_server_reads_vllms_continuation_extras_and_refuses_what_vllm_re
     assert not parse_chat_request(
         {**body, "continue_final_message": False}, "sim", 16
     ).continue_final
+
+
+def test_a_chat_that_had_moved_to_a_fallback_model_is_continued_by_that_model() -> None:
+    moved = encode_chunk(CHUNK_STARTED, encode_started(2.0, {"from": "big", "to": "small"}))
+    plan = plan_takeover([STARTED, moved, token(0, "Lorem", 1)])
+    assert (plan.kind, plan.model) == ("continue", "small")
+    assert plan_takeover([STARTED, token(0, "Lorem", 1)]).model is None
