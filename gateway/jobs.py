@@ -376,6 +376,8 @@ class JobOwner:
                     self.gw.chat_beats,
                     checked_at=self.gw.beats_checked_at,
                     lost_s=settings.worker_lost_s,
+                    quiet_s=now - state.last_seen,
+                    min_quiet_s=settings.worker_heartbeat_s,
                 )
                 # Silence while a dead worker's chat changes hands is no stall: the idle
                 # deadline waits out the loss and the takeover.

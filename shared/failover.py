@@ -140,7 +140,13 @@ Verdict = Literal["alive", "wait", "give_up"]
 
 
 def owner_verdict(
-    owner: str, beats: Mapping[str, float], *, checked_at: float, lost_s: float
+    owner: str,
+    beats: Mapping[str, float],
+    *,
+    checked_at: float,
+    lost_s: float,
+    quiet_s: float = float("inf"),
+    min_quiet_s: float = 0.0,
 ) -> Verdict:
     """What a gateway makes of a started chat's worker, from its last count of the chat
     workers' heartbeats (`beats`, read at `checked_at`).
@@ -150,9 +156,13 @@ def owner_verdict(
     worker alive: ``give_up`` at once. An owner missing from the count counts as alive (the
     idle deadline still applies): a worker just started may beat after the count was taken, a
     stopping one ends its chats itself, and one whose chats were claimed has none left.
+
+    A chat still sending (quiet for `quiet_s` < `min_quiet_s`, a heartbeat) is alive whatever
+    the beat says: a dead worker sends nothing, and a beat lost to a busy loop or a Redis blip
+    is no reason to end a chat that streams.
     """
     beat = beats.get(owner)
-    if beat is None:
+    if beat is None or quiet_s < min_quiet_s:
         return "alive"
     age = checked_at - beat
     if age < lost_s:

@@ -188,3 +188,11 @@ def test_a_chat_that_had_moved_to_a_fallback_model_is_continued_by_that_model() 
     plan = plan_takeover([STARTED, moved, token(0, "Lorem", 1)])
     assert (plan.kind, plan.model) == ("continue", "small")
     assert plan_takeover([STARTED, token(0, "Lorem", 1)]).model is None
+
+
+def test_a_chat_still_streaming_is_alive_whatever_its_workers_beat_says() -> None:
+    beats = {"a": 90.0}
+    verdict = owner_verdict("a", beats, checked_at=100.0, lost_s=2.0, quiet_s=0.2, min_quiet_s=1)
+    assert verdict == "alive"
+    quiet = owner_verdict("a", beats, checked_at=100.0, lost_s=2.0, quiet_s=1.5, min_quiet_s=1)
+    assert quiet == "give_up"
