@@ -7,6 +7,10 @@ chunks. The server builds its frames, so they are TypedDicts: a plain dict at ru
 is validated per token), checked by mypy where it is built, and validated only where a client
 reads them (:func:`parse_server_frame`). All frames are JSON text objects with a ``type``
 field. This module does no I/O.
+
+A chat whose worker died mid-answer and that another worker finished (shared/failover.py) ends
+with a ``done`` holding ``"continued": true``; its ``token`` seqs stay contiguous across the
+change of worker. A client needs to do nothing about it.
 """
 
 from __future__ import annotations
