@@ -144,6 +144,7 @@ class ChatRun:
         self.stream = TokenStream(
             self.publisher,
             Coalescer(ctx.settings.flush_interval_ms / 1000.0, ctx.settings.flush_max_chars),
+            ctx.leases,
         )
         self.model = job.model or ctx.models.default
         self.completion_tokens = 0
@@ -416,6 +417,8 @@ class ChatRun:
                 self.completion_tokens = self._tokens_before + delta.completion_tokens
             delta = await _next(deltas)
         self._check_cancelled()
+        await self.ctx.leases.wait_open()  # held text and `done` go out only while ours
+        self._check_cancelled()
         self.stream.close()
         return finish_reason, engine_prompt_tokens
 
@@ -440,6 +443,8 @@ class ChatRun:
         if engine_prompt_tokens is not None and engine_prompt_tokens != self.prompt_tokens:
             # The engine's own count (its chat template, its tokenizer) where it differs.
             usage["engine_prompt_tokens"] = engine_prompt_tokens
+        await self.ctx.leases.wait_open()
+        self._check_cancelled()
         self.publisher.done(
             done_chunk(
                 self.job.chat_id,

@@ -92,6 +92,31 @@ class JobLeases:
         # Job id -> (when its lease was written (monotonic), the job), for standing down or
         # writing the lease again (see LeaseKeeper).
         self.held: dict[str, tuple[float, ChatJob]] = {}
+        # The fence (monotonic): this worker's chats publish only until then. The keeper moves
+        # it to `worker_lost_s` past each beat that found every lease still ours, so a worker
+        # that stalled (SIGSTOP, a blocked loop) longer than that, whose chats a survivor may
+        # have claimed meanwhile, sends nothing more until its keeper has looked: it then
+        # stands down what was taken. A survivor claims only `worker_lost_s` after the last
+        # beat, so the two never speak for a chat at once. No keeper (a worker started some
+        # other way, a test): always open.
+        self.open_until = float("inf")
+        self._moved = asyncio.Event()
+
+    def move_fence(self, until: float) -> None:
+        """Move the fence (the keeper, after a beat that found every lease ours)."""
+        self.open_until = until
+        self._moved.set()
+
+    def closed(self) -> bool:
+        """Whether this worker's chats must hold their chunks now (one clock read)."""
+        return time.monotonic() >= self.open_until
+
+    async def wait_open(self) -> None:
+        """Until the fence opens (at once nearly always; a stalled worker's chats wait for
+        its keeper's next look, or are stood down by it)."""
+        while self.closed():
+            self._moved.clear()
+            await self._moved.wait()
 
     def hold(self, job: ChatJob) -> None:
         """Record the chat as this worker's (queued on the pipe, before its `started`)."""
@@ -126,26 +151,32 @@ class LeaseKeeper:
     async def run(self) -> None:
         # Twice per beat: a loss is seen within half a beat of the lease running out.
         interval = self._ctx.settings.worker_heartbeat_s / 2
+        # Nobody can have claimed a chat of a worker that is only starting.
+        self._leases.move_fence(time.monotonic() + self._ctx.settings.worker_lost_s)
         while True:
-            await asyncio.sleep(interval)
             try:
                 await self.tick()
             except asyncio.CancelledError:
                 raise
             except Exception:  # Redis down: the next tick tries again
                 log.warning("failover check failed", exc_info=True)
+            await asyncio.sleep(interval)
 
     async def tick(self) -> None:
         ctx, settings = self._ctx, self._ctx.settings
         lost_s = settings.worker_lost_s
+        sent_at, now = time.monotonic(), time.time()
         async with ctx.redis.pipeline(transaction=False) as pipe:
+            # This worker's own beat first, then its leases: what the read finds is still ours
+            # `lost_s` past this beat at least (a claim needs the beat that old).
+            pipe.zadd(self._beats_key, {ctx.name: now})
             pipe.zrange(self._beats_key, 0, -1, withscores=True)
             pipe.hkeys(self._leases.key)
             # The leases' own expiry (a dead worker's that nobody claims go), renewed here.
             pipe.expire(self._leases.key, self._leases.ttl_s)
-            beats, mine, _ = await pipe.execute()
-        now = time.time()
-        await self._check_own(set(mine), lost_s)
+            _, beats, mine, _ = await pipe.execute()
+        if await self._check_own(set(mine), lost_s):
+            self._leases.move_fence(sent_at + lost_s)
         for lost in lost_workers(dict(beats), now=now, lost_s=lost_s, me=ctx.name):
             room = settings.chat_concurrency - len(ctx.running) - len(self._tasks)
             if room <= 0:
@@ -169,11 +200,12 @@ class LeaseKeeper:
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
 
-    async def _check_own(self, mine: set[str], lost_s: float) -> None:
+    async def _check_own(self, mine: set[str], lost_s: float) -> bool:
         """Our chats whose lease is gone from our hash: stop, silently, those another worker
         took over while we looked dead (it speaks for them now); write again the leases Redis
         lost with its data (a restart). A lease younger than `lost_s` may not have reached
-        Redis when the hash was read: left alone."""
+        Redis when the hash was read: left alone. True when every chat still running here is
+        ours (the fence may open)."""
         horizon = time.monotonic() - lost_s
         gone = [
             (job_id, job)
@@ -181,10 +213,11 @@ class LeaseKeeper:
             if job_id not in mine and since <= horizon
         ]
         if not gone:
-            return
+            return True
         ctx = self._ctx
         takers = await ctx.redis.mget([ctx.keys.job_taken(job_id) for job_id, _ in gone])
         missing, self._missing = self._missing, set()
+        settled = True
         for (job_id, job), taker in zip(gone, takers, strict=True):
             if taker is None or taker == ctx.name:
                 # Written again only when still unclaimed a tick later: a claim sets its
@@ -193,12 +226,14 @@ class LeaseKeeper:
                     self._leases.hold(job)
                 else:
                     self._missing.add(job_id)
+                    settled = False  # maybe a claim whose marker is a round trip away
                 continue
             self._leases.held.pop(job_id, None)
             run = ctx.running.get(job_id)
             if run is not None:
                 log.warning("chat %s was taken over by %s; standing down", job_id, taker)
                 run.stand_down()
+        return settled
 
     async def _take_over(self, payload: str) -> None:
         ctx = self._ctx

@@ -10,17 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Protocol
 
 from shared.coalesce import Coalescer
 from workers.publish import JobPublisher
+
+# How soon text held at a closed fence is offered again (the keeper's look is a round trip).
+FENCE_RETRY_S = 0.02
+
+
+class Fence(Protocol):
+    """Whether the worker may publish now (workers/failover.py JobLeases)."""
+
+    def closed(self) -> bool: ...
 
 
 class TokenStream:
     """Buffers text per the coalescing rule; a timer flushes what waits past the interval."""
 
-    def __init__(self, publisher: JobPublisher, coalescer: Coalescer) -> None:
+    def __init__(
+        self, publisher: JobPublisher, coalescer: Coalescer, fence: Fence | None = None
+    ) -> None:
         self.publisher = publisher
         self.coalescer = coalescer
+        self.fence = fence
         self.timer: asyncio.TimerHandle | None = None
         self.text: list[str] = []
         self.first_published: float | None = None
@@ -33,6 +46,12 @@ class TokenStream:
         return "".join(self.text)
 
     def flush(self) -> None:
+        if self.fence is not None and self.fence.closed():
+            # This worker may have been taken for dead: the text waits for its keeper (one
+            # clock read per chunk, nothing per token). The chat's end waits for it too.
+            if self.timer is None:
+                self.timer = asyncio.get_running_loop().call_later(FENCE_RETRY_S, self._flush_later)
+            return
         now = time.time()
         text = self.coalescer.take(now)
         if text:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -252,3 +254,36 @@ async def test_the_only_worker_killed_mid_answer_ends_every_chat_within_three_se
             assert status == "error" and reason == "engine_error", rows[job_id]
             assert completion == len(answer(tokens[c]).split()), (completion, tokens[c])
         print(f"\nengine_error on all 5 chats {took:.2f}s after the kill")
+
+
+async def test_a_worker_frozen_past_its_lease_stands_down_when_it_wakes(
+    services: Services, migrated: str, logs: Path, opened: list[Any]
+) -> None:
+    """SIGSTOP a worker for longer than the lease: the other one takes its chats over, and the
+    frozen one, woken, sends nothing more for them (its fence holds its chunks until its keeper
+    sees the claim): every chat ends `done` once with the one answer, seqs contiguous."""
+    with make_stack(services, migrated, logs, workers=2, sim_args=LONG, **SETTINGS) as stack:
+        stack.wait_worker("chat0")
+        stack.wait_worker("chat1")
+        client = await connect(stack, opened)
+        jobs = await start_chats(client, 10)
+        await asyncio.sleep(0.8)
+        held = {w: leases(stack, w) for w in ("chat0", "chat1")}
+        victim = max(held, key=lambda w: len(held[w]))
+        assert held[victim], held
+        pid = stack.procs[victim].pid
+        os.killpg(pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(3.5)  # past worker_lost_after_s and a claim
+        finally:
+            os.killpg(pid, signal.SIGCONT)
+        ended = await all_ends(client, list(jobs))
+        ends = [(tokens, end) for tokens, end, _ in ended.values()]
+        assert all(end["type"] == "done" for _, end in ends), [e for _, e in ends]
+        assert all(seqs_contiguous(tokens) for tokens, _ in ends)
+        assert len({answer(tokens) for tokens, _ in ends}) == 1
+        continued = {jobs[c] for c, (_, end, _) in ended.items() if end.get("continued")}
+        assert continued and continued <= held[victim], (continued, held)
+        rows = await usage_rows(stack, list(jobs.values()))
+        assert len(rows) == 10 and all(r[0] == "ok" for r in rows.values()), rows
+        assert "standing down" in stack.procs[victim].output()
