@@ -71,6 +71,9 @@ def priority_lists(list_key: str) -> list[str]:
     return [list_key if p == 0 else f"{list_key}{Channel.sep}{p}" for p in PRIORITY_STEPS]
 
 
+# Longest wait between two attempts to read the queue while Redis is unreachable.
+READ_RETRY_MAX_S = 1.0
+
 # Most messages one read takes: enough to cut a burst's round trips, few enough that the
 # other workers still get their share of it.
 PICKUP_BATCH = 4
@@ -160,7 +163,10 @@ class QueueConsumer:
                     self._release(taken)
                     log.warning("chat queue read failed (%s); retrying in %.1f s", exc, backoff)
                     await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
+                    # At most a second apart: the heartbeat comes back within one once Redis
+                    # does, and gateways then enqueue here; a reader still backing off for
+                    # seconds let those chats pass the queue deadline (`timeout`).
+                    backoff = min(backoff * 2, READ_RETRY_MAX_S)
                     continue
                 except BaseException:
                     self._release(taken)

@@ -167,17 +167,19 @@ class LeaseKeeper:
         lost_s = settings.worker_lost_s
         sent_at, now = time.monotonic(), time.time()
         async with ctx.redis.pipeline(transaction=False) as pipe:
-            # This worker's own beat first, then its leases: what the read finds is still ours
-            # `lost_s` past this beat at least (a claim needs the beat that old).
-            pipe.zadd(self._beats_key, {ctx.name: now})
             pipe.zrange(self._beats_key, 0, -1, withscores=True)
             pipe.hkeys(self._leases.key)
             # The leases' own expiry (a dead worker's that nobody claims go), renewed here.
             pipe.expire(self._leases.key, self._leases.ttl_s)
-            _, beats, mine, _ = await pipe.execute()
+            beats, mine, _ = await pipe.execute()
+        beats = dict(beats)
         if await self._check_own(set(mine), lost_s):
-            self._leases.move_fence(sent_at + lost_s)
-        for lost in lost_workers(dict(beats), now=now, lost_s=lost_s, me=ctx.name):
+            # What the read found is ours until `lost_s` past our last beat (a survivor claims
+            # only then), and past the read itself at the latest. No beat: nobody can claim.
+            own = beats.get(ctx.name)
+            behind = 0.0 if own is None else max(0.0, now - float(own))
+            self._leases.move_fence(sent_at - behind + lost_s)
+        for lost in lost_workers(beats, now=now, lost_s=lost_s, me=ctx.name):
             room = settings.chat_concurrency - len(ctx.running) - len(self._tasks)
             if room <= 0:
                 return
