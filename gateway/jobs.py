@@ -23,8 +23,8 @@ from redis.asyncio import Redis
 
 from gateway.admit import admit_chat
 from gateway.auth import Principal
+from gateway.lostchats import LostChat, record_lost_chat
 from gateway.metrics import GatewayMetrics
-from gateway.orphans import LostChat, record_lost_chat
 from gateway.ratelimit import Admission, Enqueue, RateLimiter
 from gateway.relay import Relay
 from gateway.relaystate import Followers, RelayState, Step
