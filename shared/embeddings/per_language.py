@@ -35,6 +35,8 @@ class PerLanguage:
         # makes a new vector space that never mixes with the old one.
         self.name = f"{other.name}+cjk:{cjk.name}{scale}"
         self.dim = other.dim + cjk.dim + 1
+        # `firsttoken cache prepare` reports the file it built (the other model's int8 build).
+        self.model_path = getattr(other, "model_path", None)
         self._a = math.sqrt(cjk_scale)
         self._b = math.sqrt(1.0 - cjk_scale)
 
