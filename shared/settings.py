@@ -183,9 +183,16 @@ class Settings(BaseSettings):
         ge=0,
         description="A chat worker sends the usage rows of chats that end within this window "
         "as one bulk task (one message, one transaction) instead of one each: the bulk "
-        "worker's cost is per task. A worker killed without warning loses at most this "
-        "window's rows, as it loses the chats it was running; a stopping worker sends them "
-        "first. 0: one task per chat.",
+        "worker's cost is per task. Each row is in Redis before its chat's `done` is sent "
+        "(workers/record.py): a worker killed within the window loses none, a bulk worker "
+        "sends them on for it. 0: one task per chat.",
+    )
+    worker_redis_outage_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long a worker holds its chats' chunks and usage rows in memory while "
+        "Redis is unreachable; they are sent in order when it returns. Past this the chats "
+        "end with an error.",
     )
     store_text: bool = Field(
         False,
@@ -196,6 +203,14 @@ class Settings(BaseSettings):
         1000, ge=0, description="Retries of a usage/message write while the database is down."
     )
     persist_retry_backoff_max_s: int = Field(30, ge=1, description="Longest wait between retries.")
+    bulk_visibility_timeout_s: int = Field(
+        45,
+        ge=5,
+        description="A bulk task taken by a worker that died comes back to the queue within "
+        "about this long (+5 s). Keep it above `persist_retry_backoff_max_s`: a task waiting "
+        "out its retry countdown longer than this is delivered twice (harmless, the writes are "
+        "idempotent, but wasted work).",
+    )
 
     # --- keys, limits, input safety (issue 6) -----------------------------------------------
     # Per-key and per-tenant limits: a key or tenant row with its own value overrides these;
@@ -217,6 +232,12 @@ class Settings(BaseSettings):
     )
     tenant_tpm_default: int = Field(
         1_000_000, ge=0, description="Tokens per minute per tenant, over all its keys (0: none)."
+    )
+    gateway_heartbeat_s: float = Field(
+        0.5,
+        gt=0,
+        description="How often a gateway says it is alive. A chat worker aborts the chats that "
+        "no live gateway follows (3 heartbeats missed) and frees their stream slots.",
     )
     stream_lease_s: float = Field(
         60.0,
