@@ -129,7 +129,7 @@ return 1
 # of one silent for USAGE_OWNER_DEAD_S (workers/usage_sweep.py). Longer than a Redis outage a
 # worker rides out is not needed: a live owner's rows sent by a sweep too are duplicates only.
 USAGE_BEAT_S = 1.0
-USAGE_OWNER_DEAD_S = 10.0
+USAGE_OWNER_DEAD_S = 5.0
 
 
 class UsageBatcher:
