@@ -69,7 +69,7 @@ class Keys:
         aborts the chats no live gateway follows (workers/orphans.py)."""
         return f"{self.prefix}:gateways"
 
-    # --- usage rows on their way to the bulk queue (workers/record.py) -------------------
+    # --- usage rows on their way to the bulk queue (workers/usage.py) --------------------
     def usage_pending(self, owner: str) -> str:
         """List: one chat worker process's usage rows not yet in a bulk task (JSON each)."""
         return f"{self.prefix}:usage:pending:{owner}"

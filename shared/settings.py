@@ -184,7 +184,7 @@ class Settings(BaseSettings):
         description="A chat worker sends the usage rows of chats that end within this window "
         "as one bulk task (one message, one transaction) instead of one each: the bulk "
         "worker's cost is per task. Each row is in Redis before its chat's `done` is sent "
-        "(workers/record.py): a worker killed within the window loses none, a bulk worker "
+        "(workers/usage.py): a worker killed within the window loses none, a bulk worker "
         "sends them on for it. 0: one task per chat.",
     )
     worker_redis_outage_s: float = Field(

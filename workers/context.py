@@ -36,7 +36,7 @@ class Cancellable(Protocol):
 
 
 class UsageSink(Protocol):
-    """Where a chat's usage row goes (workers.record.UsageBatcher)."""
+    """Where a chat's usage row goes (workers.usage.UsageBatcher)."""
 
     def add(self, usage: UsageRecord) -> None: ...
 
@@ -53,7 +53,7 @@ class WorkerContext:
     # chat path's small reads; started by start().
     pipe: RedisPipe
     chunks: PipeScript  # workers/publish.py's SEND_LUA on the pipe
-    # Usage rows of chats ending close together, one bulk task per batch (workers/record.py).
+    # Usage rows of chats ending close together, one bulk task per batch (workers/usage.py).
     usage: UsageSink
     _engines: dict[tuple[str, str], Engine] = field(default_factory=dict)
     running: dict[str, Cancellable] = field(default_factory=dict)

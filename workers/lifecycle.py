@@ -32,8 +32,8 @@ from workers.cache_stage import close_stage
 from workers.context import WorkerContext
 from workers.db import close_database
 from workers.publish import SEND_LUA
-from workers.record import UsageBatcher
 from workers.runtime import LoopRunner, runner
+from workers.usage import UsageBatcher
 
 log = logging.getLogger(__name__)
 

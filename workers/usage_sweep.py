@@ -1,7 +1,7 @@
 """A bulk worker sends on the usage rows a dead chat worker left in Redis (issue 29).
 
 Each chat worker process appends its chats' usage rows to a pending list before their `done`
-is sent and takes them off when their batch's task is queued (workers/record.py). A process
+is sent and takes them off when their batch's task is queued (workers/usage.py). A process
 killed in between leaves rows there and stops beating in `Keys.usage_owners`; every bulk worker
 looks once per SWEEP_INTERVAL_S for owners silent longer than USAGE_OWNER_DEAD_S and queues
 their rows as ordinary batch tasks, under a short lock so two bulk workers do not both send
@@ -16,7 +16,7 @@ from typing import Any
 
 from shared.keys import BULK_QUEUE, Keys
 from shared.redis.pipe import RedisPipe
-from workers.record import FLUSH_LUA, USAGE_OWNER_DEAD_S, usage_batch_message
+from workers.usage import FLUSH_LUA, USAGE_OWNER_DEAD_S, usage_batch_message
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""A chat worker's usage batcher (workers/record.py) on the machine's Redis: rows that end
+"""A chat worker's usage batcher (workers/usage.py) on the machine's Redis: rows that end
 together leave as one bulk task, nothing is held past the window, a stopping worker sends
 what it holds, every row is in Redis from the moment it is added, and a bulk worker's sweep
 (workers/usage_sweep.py) sends on a dead process's rows. (That the bulk worker writes them is
@@ -19,8 +19,8 @@ from shared.keys import PERSIST_USAGE_BATCH_TASK, Keys
 from shared.redis.pipe import RedisPipe
 from shared.tasks import UsageRecord, parse_task_message
 from tests.integration.conftest import Services
-from workers import record
-from workers.record import UsageBatcher
+from workers import usage
+from workers.usage import UsageBatcher
 from workers.usage_sweep import UsageSweeper
 
 Queue = tuple[aioredis.Redis, str, RedisPipe, Keys]
@@ -137,7 +137,7 @@ async def test_a_sweep_sends_on_a_dead_processs_rows_once(
     """A process killed inside its window: a bulk worker's sweep queues its rows once it has
     stopped beating, and a second sweep finds nothing more to send."""
     r, key, pipe, keys = queue
-    monkeypatch.setattr(record, "USAGE_OWNER_DEAD_S", 0.3)
+    monkeypatch.setattr(usage, "USAGE_OWNER_DEAD_S", 0.3)
     monkeypatch.setattr("workers.usage_sweep.USAGE_OWNER_DEAD_S", 0.3)
     dead = UsageBatcher(pipe, keys, "dead", window_s=60.0)
     rows = [_usage() for _ in range(3)]
