@@ -202,14 +202,17 @@ class Settings(BaseSettings):
     persist_max_retries: int = Field(
         1000, ge=0, description="Retries of a usage/message write while the database is down."
     )
-    persist_retry_backoff_max_s: int = Field(30, ge=1, description="Longest wait between retries.")
+    persist_retry_backoff_max_s: int = Field(
+        20,
+        ge=1,
+        description="Longest wait between retries; below `bulk_visibility_timeout_s`.",
+    )
     bulk_visibility_timeout_s: int = Field(
-        45,
+        30,
         ge=5,
         description="A bulk task taken by a worker that died comes back to the queue within "
-        "about this long (+5 s). Keep it above `persist_retry_backoff_max_s`: a task waiting "
-        "out its retry countdown longer than this is delivered twice (harmless, the writes are "
-        "idempotent, but wasted work).",
+        "about this long (+5 s). Above `persist_retry_backoff_max_s`: a task waiting out a "
+        "retry countdown longer than this would be delivered twice.",
     )
 
     # --- keys, limits, input safety (issue 6) -----------------------------------------------
@@ -462,6 +465,13 @@ class Settings(BaseSettings):
             )
         if self.engine == "vllm" and not self.vllm_model_path:
             raise ValueError(f"{ENV_PREFIX}ENGINE=vllm needs {ENV_PREFIX}VLLM_MODEL_PATH")
+        if self.persist_retry_backoff_max_s >= self.bulk_visibility_timeout_s:
+            # Harmless for the rows (the writes are idempotent) but every waiting retry would
+            # be delivered twice, again and again, for as long as the database is down.
+            raise ValueError(
+                f"{ENV_PREFIX}PERSIST_RETRY_BACKOFF_MAX_S must be below "
+                f"{ENV_PREFIX}BULK_VISIBILITY_TIMEOUT_S"
+            )
         if self.max_tokens_default > self.max_tokens_limit:
             raise ValueError(
                 f"{ENV_PREFIX}MAX_TOKENS_DEFAULT must not exceed {ENV_PREFIX}MAX_TOKENS_LIMIT"
