@@ -1,4 +1,4 @@
-"""`firsttoken kb add|list|remove --tenant T`: the per-tenant knowledge base.
+"""`firsttoken kb add|list|remove|reembed --tenant T`: the per-tenant knowledge base.
 
 ``kb add`` reads and checks every file first (text or Markdown, UTF-8, not empty), then chunks
 and embeds them with the cache's embedder, then writes all of them in one transaction: an
@@ -86,6 +86,28 @@ async def remove_docs(settings: Settings, tenant: str, ids: list[str]) -> int:
         await engine.dispose()
 
 
+async def reembed(settings: Settings, tenant: str) -> tuple[int, str]:
+    """Embed again, with the configured embedder, every chunk of ``tenant`` stored by another
+    model (after a change of FIRSTTOKEN_EMBED_LOCAL_MODEL or an upgrade), in one transaction;
+    returns (chunks re-embedded, the model's name)."""
+    from shared.db.session import make_engine, make_sessionmaker
+    from shared.embeddings.factory import make_embedder
+    from shared.kb.store import replace_embeddings, stale_chunks
+
+    embedder = make_embedder(settings)
+    engine = make_engine(settings.database_url)
+    try:
+        async with make_sessionmaker(engine).begin() as session:
+            chunks = await stale_chunks(session, await _tenant_id(session, tenant), embedder.name)
+            if chunks:
+                vectors = embedder.embed([c.text for c in chunks])
+                await replace_embeddings(session, chunks, vectors, embedder.name)
+            return len(chunks), embedder.name
+    finally:
+        embedder.close()
+        await engine.dispose()
+
+
 def _run(args: argparse.Namespace) -> int:
     settings = get_settings()
     try:
@@ -100,6 +122,12 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"{d.id}  {d.name}  {d.chunks} chunks  {d.chars} chars  {when}")
             if not docs:
                 print("no documents")
+        elif args.kb_cmd == "reembed":
+            count, model = asyncio.run(reembed(settings, args.tenant))
+            if count:
+                print(f"re-embedded {count} chunk(s) with {model}; workers use them within seconds")
+            else:
+                print(f"nothing to do: every chunk is embedded with {model}")
         else:
             n = asyncio.run(remove_docs(settings, args.tenant, args.ids))
             if n == 0:
@@ -114,13 +142,20 @@ def _run(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     """Register `kb` on the `firsttoken` command's subparsers."""
-    kb = sub.add_parser("kb", help="knowledge base: add, list, remove documents of a tenant")
+    kb = sub.add_parser(
+        "kb", help="knowledge base: add, list, remove, re-embed documents of a tenant"
+    )
     kb_sub = kb.add_subparsers(dest="kb_cmd", required=True)
     add = kb_sub.add_parser("add", help="ingest text/Markdown files (all or nothing)")
     add.add_argument("paths", nargs="+", type=Path, metavar="PATH")
     lst = kb_sub.add_parser("list", help="the tenant's documents")
     rm = kb_sub.add_parser("remove", help="remove documents by id or name")
     rm.add_argument("ids", nargs="+", metavar="ID")
-    for p in (add, lst, rm):
+    again = kb_sub.add_parser(
+        "reembed",
+        help="embed again the chunks stored by another embedding model (after a change of "
+        "FIRSTTOKEN_EMBED_LOCAL_MODEL or an upgrade): retrieval sees only the current model's",
+    )
+    for p in (add, lst, rm, again):
         p.add_argument("--tenant", required=True, help="tenant name or id")
         p.set_defaults(fn=_run)

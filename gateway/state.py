@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.auth import Authenticator
 from gateway.jobs import Feed
 from gateway.limits import ConnectionGuard
+from gateway.liveness import GatewayBeat
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter
 from gateway.relay import Relay
@@ -60,6 +61,7 @@ class Gateway:
         # Admission and settlement scripts, pipelined on one connection (shared/redis/pipe.py).
         self.pipe = RedisPipe(settings.redis_url, client_name=f"firsttoken-gateway-{os.getpid()}")
         self.limiter = RateLimiter(self.pipe, self.keys, settings.stream_lease_s)
+        self.beat = GatewayBeat(self.pipe, self.keys, self.name, settings.gateway_heartbeat_s)
         self.guard = ConnectionGuard(
             max_connections=settings.max_connections,
             idle_timeout_s=settings.idle_timeout_s,
@@ -106,6 +108,7 @@ class Gateway:
         await self.relay.start()
         await self.relay.subscribe_confirmed(self.keys.key_events, self._on_key_event)
         self.limiter.start()
+        self.beat.start()
         self.guard.start(lambda: self.sessions)
         self._watchdog = asyncio.create_task(self._watch())
         self._worker_count = asyncio.create_task(self._keep_counting_chat_workers())
@@ -130,6 +133,7 @@ class Gateway:
 
     async def close(self) -> None:
         await self.guard.close()
+        await self.beat.close()
         await self.limiter.close()
         for task in (self._watchdog, self._worker_count):
             if task is not None:
@@ -214,10 +218,26 @@ class Gateway:
             log.warning("could not publish cancel for %s", job_id, exc_info=True)
 
     async def _watch(self) -> None:
+        relay_was_down = False
         while True:
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
             now = time.time()
             self.metrics.streams.set(len(self.feeds))
+            if not self.relay.connected:
+                # This process's own pub/sub is down (Redis restarting): the workers' silence
+                # says nothing about them; they hold their chunks and resend them (issue 29).
+                relay_was_down = True
+                continue
+            if relay_was_down:
+                relay_was_down = False
+                self._restart_idle_clocks(now)
             for feed in list(self.feeds.values()):
                 for job in list(feed.followers.members):
                     job.owner.expire(job, now)
+
+    def _restart_idle_clocks(self, now: float) -> None:
+        """After pub/sub reconnected: every started chat's idle time counts from now (its
+        worker needs its own reconnect to resend), a queued chat's deadline is unchanged."""
+        for feed in self.feeds.values():
+            for job in feed.followers.members:
+                job.state.last_seen = max(job.state.last_seen, now)

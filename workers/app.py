@@ -67,7 +67,14 @@ app.conf.update(
     broker_transport_options={
         "global_keyprefix": keys.celery_keyprefix,
         # Bulk tasks ack late: an unacked message comes back after this if its worker died.
-        "visibility_timeout": 600,
+        # kombu sweeps for such messages every `unacked_restore_interval` x `_throttle` s
+        # (10 x 10 by default): every 5 s here, so a dead bulk worker's tasks run again within
+        # about visibility_timeout + 5 s (issue 29: within 60 s). A task still waiting out a
+        # retry countdown longer than this is delivered twice: harmless (writes are idempotent
+        # on request_id), and the backoff cap (persist_retry_backoff_max_s) is kept below it.
+        "visibility_timeout": settings.bulk_visibility_timeout_s,
+        "unacked_restore_interval": 5,
+        "unacked_restore_throttle": 1,
     },
     broker_connection_retry_on_startup=True,
     task_serializer="json",

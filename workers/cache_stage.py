@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -146,8 +147,10 @@ class CacheStage:
         model: str,
         hit: StoredAnswer,
         points: dict[str, float],
+        before_done: Callable[[], None] | None = None,
     ) -> None:
-        """Stream the stored answer as ordinary token chunks, then `done` with cached=true."""
+        """Stream the stored answer as ordinary token chunks, then `done` with cached=true
+        (`before_done` runs between the two: the chat's usage row goes ahead of its `done`)."""
         size = self.settings.cache_replay_chars
         text = hit.answer
         for start in range(0, len(text), size):
@@ -155,6 +158,8 @@ class CacheStage:
             if start == 0:
                 points["first_chunk_published"] = time.time()
         points["finished"] = time.time()
+        if before_done is not None:
+            before_done()
         publisher.done(
             done_chunk(
                 job.chat_id,

@@ -358,19 +358,22 @@ class ChatRun:
         for helper in self._helpers:
             if helper is not lookup:
                 helper.cancel()
-        self.cache.replay(self.job, self.publisher, self.model, hit, self.points)
-        await record(
-            self.ctx,
+        outcome = Outcome(
+            self.model,
+            "stop",
+            "ok",
+            completion_tokens=hit.completion_tokens,
+            answer=hit.answer,
+            cached=True,
+        )
+        # The usage row goes on the pipe ahead of the `done` (workers/record.py).
+        self.cache.replay(
             self.job,
+            self.publisher,
+            self.model,
+            hit,
             self.points,
-            Outcome(
-                self.model,
-                "stop",
-                "ok",
-                completion_tokens=hit.completion_tokens,
-                answer=hit.answer,
-                cached=True,
-            ),
+            before_done=lambda: record(self.ctx, self.job, self.points, outcome),
         )
         return True
 
@@ -434,8 +437,31 @@ class ChatRun:
         if self.stream.first_published is not None:
             points["first_chunk_published"] = self.stream.first_published
         points["finished"] = time.time()
+        # The answer's text, usage row and `done` go out only while the chat is still ours
+        # (workers/failover.py: a worker taken for dead is stood down here instead).
+        await self.ctx.leases.wait_open()
+        self._check_cancelled()
         await retrieval.settle_background(prepared)
         await retrieval.after_answer(self.ctx, self.job, prepared, answer, self.model)
+        conversation = prepared.job.conversation_id if prepared.conversation_ok else None
+        route = prepared.decision.route if prepared.decision is not None else "default"
+        # The usage row goes on the pipe ahead of the `done` (workers/record.py).
+        record(
+            self.ctx,
+            self.job,
+            points,
+            Outcome(
+                self.model,
+                finish_reason,
+                "ok",
+                # The usage row bills what the engine says it processed, when it says.
+                self.prompt_tokens if engine_prompt_tokens is None else engine_prompt_tokens,
+                self.completion_tokens,
+                answer,
+                conversation_id=conversation,
+                route=route,
+            ),
+        )
         usage: Usage = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
@@ -443,8 +469,6 @@ class ChatRun:
         if engine_prompt_tokens is not None and engine_prompt_tokens != self.prompt_tokens:
             # The engine's own count (its chat template, its tokenizer) where it differs.
             usage["engine_prompt_tokens"] = engine_prompt_tokens
-        await self.ctx.leases.wait_open()
-        self._check_cancelled()
         self.publisher.done(
             done_chunk(
                 self.job.chat_id,
@@ -475,24 +499,6 @@ class ChatRun:
                 prompt_tokens=self.prompt_tokens,
                 completion_tokens=self.completion_tokens,
             )
-        conversation = prepared.job.conversation_id if prepared.conversation_ok else None
-        route = prepared.decision.route if prepared.decision is not None else "default"
-        await record(
-            self.ctx,
-            self.job,
-            points,
-            Outcome(
-                self.model,
-                finish_reason,
-                "ok",
-                # The usage row bills what the engine says it processed, when it says.
-                self.prompt_tokens if engine_prompt_tokens is None else engine_prompt_tokens,
-                self.completion_tokens,
-                answer,
-                conversation_id=conversation,
-                route=route,
-            ),
-        )
 
     def _done_extras(self, prepared: retrieval.Prepared) -> dict[str, Any]:
         extras: dict[str, Any] = dict(retrieval.done_fields(prepared))
@@ -516,7 +522,7 @@ class ChatRun:
             self.completion_tokens,
             self.stream.answer,
         )
-        await record(self.ctx, self.job, self.points, outcome)
+        record(self.ctx, self.job, self.points, outcome)
         frame = error_frame(self.job.chat_id, Cancelled("the chat was cancelled"))
         with contextlib.suppress(Exception):
             self.publisher.error(frame)
@@ -529,13 +535,13 @@ class ChatRun:
             log.warning("chat %s failed: %s", self.job.job_id, exc.detail)
         self.stream.stop()
         frame = error_frame(self.job.chat_id, exc)
-        with contextlib.suppress(Exception):
-            self.publisher.error(frame)
         status = "timeout" if isinstance(exc, DeadlineExceeded) else "error"
         outcome = Outcome(
             self.model, frame["code"], status, completion_tokens=self.completion_tokens
         )
-        await record(self.ctx, self.job, self.points, outcome)
+        record(self.ctx, self.job, self.points, outcome)
+        with contextlib.suppress(Exception):
+            self.publisher.error(frame)
 
     def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """A helper task of this chat, cancelled when the chat ends however it ends."""

@@ -18,12 +18,14 @@ import redis.asyncio as aioredis
 
 from shared.engines.base import Engine
 from shared.engines.factory import make_model_engine
-from shared.keys import Keys
+from shared.keys import BULK_QUEUE, CHAT_QUEUE, Keys
 from shared.modeltable import ModelSpec, ModelTable, model_table
 from shared.redis.pipe import PipeScript, RedisPipe
 from shared.settings import Settings
 from shared.tasks import UsageRecord
 from workers.failover import JobLeases
+from workers.orphans import GatewayWatch
+from workers.usage_sweep import UsageSweeper
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ class Cancellable(Protocol):
 
 
 class UsageSink(Protocol):
-    """Where a chat's usage row goes (workers.record.UsageBatcher)."""
+    """Where a chat's usage row goes (workers.usage.UsageBatcher)."""
 
     def add(self, usage: UsageRecord) -> None: ...
 
@@ -55,7 +57,7 @@ class WorkerContext:
     # chat path's small reads; started by start().
     pipe: RedisPipe
     chunks: PipeScript  # workers/publish.py's SEND_LUA on the pipe
-    # Usage rows of chats ending close together, one bulk task per batch (workers/record.py).
+    # Usage rows of chats ending close together, one bulk task per batch (workers/usage.py).
     usage: UsageSink
     # The owner leases of this worker's chats (workers/failover.py), on the same pipe.
     leases: JobLeases
@@ -100,6 +102,16 @@ class WorkerContext:
             self._heartbeat_queues = queues
             self._heartbeat_task = asyncio.create_task(self._heartbeat(queues))
             self._tasks.append(self._heartbeat_task)
+            # Issue 29: a chat worker stops the chats of dead gateways; a bulk worker sends on
+            # the usage rows of dead chat workers.
+            if CHAT_QUEUE in queues:
+                watch = GatewayWatch(
+                    self.pipe, self.keys, self.running, self.settings.gateway_heartbeat_s
+                )
+                self._tasks.append(asyncio.create_task(watch.run(), name="gateway-watch"))
+            if BULK_QUEUE in queues:
+                sweeper = UsageSweeper(self.pipe, self.keys, self.name)
+                self._tasks.append(asyncio.create_task(sweeper.run(), name="usage-sweep"))
 
     async def _listen_cancels(self, pubsub: aioredis.client.PubSub) -> None:
         while True:

@@ -24,7 +24,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 
-from shared.keys import BULK_QUEUE, CHAT_QUEUE, Keys
+from shared.keys import CHAT_QUEUE, Keys
 from shared.redis.client import redis_client
 from shared.redis.pipe import RedisPipe
 from shared.settings import get_settings
@@ -33,8 +33,8 @@ from workers.context import WorkerContext
 from workers.db import close_database
 from workers.failover import JobLeases
 from workers.publish import SEND_LUA
-from workers.record import UsageBatcher
 from workers.runtime import LoopRunner, runner
+from workers.usage import UsageBatcher
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,8 @@ def open_context(name: str) -> WorkerContext:
         settings.redis_url,
         client_name=f"firsttoken-worker-{os.getpid()}",
         linger_s=settings.publish_linger_ms / 1000.0,
+        # Chunks and usage rows are held through a Redis outage this long (issue 29).
+        down_fail_s=settings.worker_redis_outage_s,
     )
     return WorkerContext(
         settings=settings,
@@ -58,9 +60,7 @@ def open_context(name: str) -> WorkerContext:
         name=name,
         pipe=pipe,
         chunks=pipe.script(SEND_LUA),
-        usage=UsageBatcher(
-            redis, keys.queue_list(BULK_QUEUE), name, settings.usage_batch_ms / 1000.0
-        ),
+        usage=UsageBatcher(pipe, keys, name, settings.usage_batch_ms / 1000.0),
         leases=JobLeases(pipe, keys.worker_jobs(name), settings.replay_ttl_s),
     )
 

@@ -1,5 +1,5 @@
 """Durable writes on the `bulk` queue: usage rows (one per task, or a chat worker's batch of
-them, see workers/record.py) and (when `store_text`) the turn's messages.
+them, see workers/usage.py) and (when `store_text`) the turn's messages.
 
 Each task validates its JSON payload into the shared model and runs an idempotent write
 (keyed on request_id) on the process loop. While the database is unavailable the task is

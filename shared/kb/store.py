@@ -92,6 +92,39 @@ async def remove_documents(session: AsyncSession, tenant_id: str, ids: Sequence[
     return len(doc_ids)
 
 
+async def stale_chunks(session: AsyncSession, tenant_id: str, embed_model: str) -> list[KbChunk]:
+    """The tenant's chunks embedded by another model than ``embed_model``: retrieval, which
+    compares vectors of one model only, does not see them."""
+    result = await session.scalars(
+        select(KbChunk)
+        .where(KbChunk.tenant_id == tenant_id, KbChunk.embed_model != embed_model)
+        .order_by(KbChunk.id)
+    )
+    return list(result)
+
+
+async def replace_embeddings(
+    session: AsyncSession, chunks: Sequence[KbChunk], vectors: Vectors, embed_model: str
+) -> None:
+    """Store ``chunks`` again with ``vectors`` of ``embed_model``, as new rows: new ids change
+    the tenant's `kb_version`, so every worker reloads its index."""
+    rows = np.asarray(vectors, dtype=np.float32)
+    kept = [(c.document_id, c.tenant_id, c.position, c.text) for c in chunks]
+    await session.execute(delete(KbChunk).where(KbChunk.id.in_([c.id for c in chunks])))
+    session.add_all(
+        KbChunk(
+            document_id=doc_id,
+            tenant_id=tenant_id,
+            position=position,
+            text=text,
+            embedding=rows[i].tobytes(),
+            embed_model=embed_model,
+        )
+        for i, (doc_id, tenant_id, position, text) in enumerate(kept)
+    )
+    await session.flush()
+
+
 async def kb_version(session: AsyncSession, tenant_id: str) -> tuple[int, int]:
     """(chunk count, highest chunk id): changes whenever a document is added or removed."""
     row = (

@@ -87,6 +87,7 @@ class RedisPipe:
         self._up = asyncio.Event()
         self._drained = asyncio.Event()  # set whenever nothing waits for a reply
         self._down_since: float | None = None
+        self.up_since = 0.0  # monotonic time of the last (re)connect
         self._task: asyncio.Task[None] | None = None
         self.errors = 0
 
@@ -194,6 +195,7 @@ class RedisPipe:
         )
         self._buffer = [call.command for call in self._in_flight]
         self._down_since = None
+        self.up_since = time.monotonic()
         self._up.set()
         if self._buffer:
             self._wake.set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,6 +76,48 @@ async def test_kb_add_then_chat_lists_the_chunks_used(kb_stack: Stack, tmp_path:
     removed = kb(kb_stack, "remove", "--tenant", name, doc_id)
     assert removed.returncode == 0 and "removed 1" in removed.stdout
     assert "no documents" in kb(kb_stack, "list", "--tenant", name).stdout
+
+
+async def test_reembed_brings_chunks_of_another_model_back_to_retrieval(
+    kb_stack: Stack, tmp_path: Path
+) -> None:
+    """Chunks stored by MiniLM alone (an earlier version's default) are not retrieved by the
+    per-language embedder until `kb reembed` stores them again with it; a second run has
+    nothing to do."""
+    name, _, key = await new_tenant(kb_stack.services.database_url)
+    doc = tmp_path / "falcon.md"
+    doc.write_text(DOC)
+    env = child_env(
+        database_url=kb_stack.services.database_url,
+        redis_url=kb_stack.services.redis_url,
+        embed_local_model="minilm",
+    )
+    added = await asyncio.to_thread(
+        subprocess.run,
+        python_cmd("-m", "firsttoken", "kb", "add", "--tenant", name, str(doc)), env=env,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    c = await client(kb_stack, key)
+    try:
+        done = await ask(c, "r1", "How do I restart the falcon service?", cache=False)
+        assert done["type"] == "done", done
+        assert not done.get("chunk_ids")  # another model's vectors are not compared
+        again = kb(kb_stack, "reembed", "--tenant", name)
+        assert again.returncode == 0, again.stderr
+        assert "re-embedded" in again.stdout and "use-multilingual" in again.stdout
+        # Workers check the tenant's knowledge-base version every few seconds.
+        for attempt in range(30):
+            done = await ask(
+                c, f"r2-{attempt}", "How do I restart the falcon service?", cache=False
+            )
+            if done.get("chunk_ids"):
+                break
+            await asyncio.sleep(0.5)
+        assert done["chunk_ids"] and all(i.startswith("kb:") for i in done["chunk_ids"])
+    finally:
+        await c.ws.close()
+    assert "nothing to do" in kb(kb_stack, "reembed", "--tenant", name).stdout
 
 
 @pytest.mark.parametrize(

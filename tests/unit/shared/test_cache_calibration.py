@@ -6,7 +6,8 @@ import pytest
 
 from shared.cache.calibrated import CALIBRATION
 from shared.cache.calibration import STRICTEST, Point, choose, threshold_for, upper_bound
-from shared.embeddings.onnx_minilm import MODEL_ID
+from shared.embeddings.factory import make_embedder
+from shared.settings import Settings
 
 
 def test_upper_bound_matches_known_clopper_pearson_values() -> None:
@@ -41,7 +42,13 @@ def test_an_uncalibrated_model_or_an_unmet_risk_gets_the_strictest_threshold() -
     assert threshold_for(tables, "m", 0.05) == 0.9
 
 
-def test_the_shipped_embedder_is_calibrated_and_the_default_risk_is_met() -> None:
-    """The default model has a table, and the default risk (1%) picks one of its thresholds."""
-    assert MODEL_ID in CALIBRATION
-    assert threshold_for(CALIBRATION, MODEL_ID, 0.01) < STRICTEST
+@pytest.mark.parametrize("local_model", ["per-language", "minilm"])
+def test_the_shipped_embedders_are_calibrated_and_the_default_risk_is_met(local_model: str) -> None:
+    """The default embedder (per language) and MiniLM alone have a table each, and the
+    default risk (1%) picks one of its thresholds."""
+    embedder = make_embedder(Settings(embed_local_model=local_model))  # type: ignore[arg-type]
+    try:
+        assert embedder.name in CALIBRATION, "run firsttoken cache calibrate --write"
+        assert threshold_for(CALIBRATION, embedder.name, 0.01) < STRICTEST
+    finally:
+        embedder.close()

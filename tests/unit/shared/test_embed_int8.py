@@ -77,8 +77,8 @@ def test_unwritable_cache_dir_falls_back_to_the_shipped_model(
 
 def test_settings_choose_the_build(source: Path, built: Path) -> None:
     """embed_quantize=int8 runs the build in embed_cache_dir; off runs the shipped file."""
-    on = make_embedder(load_settings(embed_cache_dir=str(built.parent)))
-    off = make_embedder(load_settings(embed_quantize="off"))
+    on = make_embedder(load_settings(embed_local_model="minilm", embed_cache_dir=str(built.parent)))
+    off = make_embedder(load_settings(embed_local_model="minilm", embed_quantize="off"))
     assert isinstance(on, OnnxMiniLM) and isinstance(off, OnnxMiniLM)
     assert on.model_path == built and off.model_path == source
 
