@@ -114,6 +114,7 @@ class ChatRun:
         )
         self.model = job.model or ctx.models.default
         self.completion_tokens = 0
+        self.cached_prompt_tokens: int | None = None  # the engine's, where it reports them
         self._built: BuiltPrompt | None = None
         self.generation: Generation | None = None
         self.cache: CacheStage | None = None
@@ -307,6 +308,7 @@ class ChatRun:
                 completion_tokens=hit.completion_tokens,
                 answer=hit.answer,
                 cached=True,
+                cache_tier=self.lookup.tier,
             ),
         )
         return True
@@ -351,6 +353,8 @@ class ChatRun:
                 engine_prompt_tokens = delta.prompt_tokens
             if delta.completion_tokens is not None:
                 self.completion_tokens = delta.completion_tokens
+            if delta.cached_prompt_tokens is not None:
+                self.cached_prompt_tokens = delta.cached_prompt_tokens
             delta = await _next(deltas)
         self._check_cancelled()
         self.stream.close()
@@ -423,6 +427,8 @@ class ChatRun:
                 answer,
                 conversation_id=conversation,
                 route=route,
+                cache_tier=self.lookup.tier,
+                cached_prompt_tokens=self.cached_prompt_tokens,
             ),
         )
 
@@ -439,6 +445,8 @@ class ChatRun:
             self.prompt_tokens,
             self.completion_tokens,
             self.stream.answer,
+            cache_tier=self.lookup.tier,
+            cached_prompt_tokens=self.cached_prompt_tokens,
         )
         await record(self.ctx, self.job, self.points, outcome)
         frame = error_frame(self.job.chat_id, Cancelled("the chat was cancelled"))
@@ -457,7 +465,12 @@ class ChatRun:
             self.publisher.error(frame)
         status = "timeout" if isinstance(exc, DeadlineExceeded) else "error"
         outcome = Outcome(
-            self.model, frame["code"], status, completion_tokens=self.completion_tokens
+            self.model,
+            frame["code"],
+            status,
+            completion_tokens=self.completion_tokens,
+            cache_tier=self.lookup.tier,
+            cached_prompt_tokens=self.cached_prompt_tokens,
         )
         await record(self.ctx, self.job, self.points, outcome)
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from shared.keys import BULK_QUEUE, PERSIST_MESSAGES_TASK, PERSIST_USAGE_BATCH_TASK
 from shared.tasks import ChatJob, MessagesRecord, UsageRecord, task_message
+from workers.usage_row import analytics_fields
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -34,6 +35,8 @@ class Outcome:
     cached: bool = False
     conversation_id: str | None = None
     route: str = "default"
+    cache_tier: str | None = None  # workers/cache_stage.py Lookup.tier
+    cached_prompt_tokens: int | None = None  # the engine's prefix-cache hits, where reported
 
 
 def _ms(end: float | None, start: float | None) -> float | None:
@@ -67,6 +70,7 @@ async def record(
         finish_reason=outcome.finish_reason,
         status=outcome.status,
         created_at=now,
+        **analytics_fields(ctx.models, job, outcome),
     )
     ctx.usage.add(usage)
     keep_text = ctx.settings.store_text or outcome.conversation_id is not None

@@ -235,15 +235,19 @@ async def test_client_disconnect_aborts_the_engine_request(connect: Any, stack: 
 
 
 async def test_usage_row_lands_once_per_request(connect: Any, stack: Stack) -> None:
-    """A finished chat writes exactly one usage row with its token counts."""
+    """A finished chat writes exactly one usage row with its token counts, the frame's user
+    and tags, and its cache tier; the sim model has no prices, so its cost is NULL."""
     client = await connect()
-    await client.chat("u1", "count my tokens")
+    await client.chat("u1", "count my tokens", user="end-7", tags={"team": "qa"})
     job_id = (await client.next_for("u1"))["job_id"]
     _, done = await client.until_end("u1")
     rows = await _usage(stack.services.database_url, job_id)
     assert len(rows) == 1
     assert rows[0].completion_tokens == done["usage"]["completion_tokens"]
     assert rows[0].status == "ok"
+    assert (rows[0].end_user, rows[0].tags) == ("end-7", {"team": "qa"})
+    assert rows[0].cache_tier in ("miss", "off") and rows[0].cost is None
+    assert rows[0].cached_prompt_tokens is None  # the simulator reports none
 
 
 async def test_resume_replays_from_the_log_for_the_same_key_only(
