@@ -205,6 +205,7 @@ def default_table(settings: TableSettings) -> ModelTable:
         served_model=settings.engine_model,
         model_path=settings.vllm_model_path,
         api_key=settings.engine_api_key,
+        prices=None,  # FIRSTTOKEN_MODELS entries can have prices; this table cannot
     )
     return ModelTable([spec], settings.default_model)
 

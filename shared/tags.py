@@ -49,7 +49,11 @@ def _json_type(value: object) -> str:
         return "a number"
     if value is None:
         return "null"
-    return {dict: "an object", list: "an array", str: "a string"}.get(type(value), "a value")
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    return "a string" if isinstance(value, str) else "a value"
 
 
 def check_user(value: object) -> str:
