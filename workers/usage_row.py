@@ -3,7 +3,7 @@ cache tier and the engine's cached prompt tokens. `workers/record.py` adds them 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shared.errors import InvalidRequest
 from shared.pricing import Prices, request_cost
@@ -11,7 +11,24 @@ from shared.tasks import ChatJob
 
 if TYPE_CHECKING:
     from shared.modeltable import ModelTable
-    from workers.record import Outcome
+
+
+class Ending(Protocol):
+    """What this needs of how a chat ended (workers/record.py's Outcome; a protocol, so the
+    two modules do not import each other)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def cached(self) -> bool: ...
+    @property
+    def cache_tier(self) -> str | None: ...
+    @property
+    def cached_prompt_tokens(self) -> int | None: ...
 
 
 def prices_of(models: ModelTable, model: str) -> Prices | None:
@@ -23,7 +40,7 @@ def prices_of(models: ModelTable, model: str) -> Prices | None:
         return None
 
 
-def analytics_fields(models: ModelTable, job: ChatJob, outcome: Outcome) -> dict[str, Any]:
+def analytics_fields(models: ModelTable, job: ChatJob, outcome: Ending) -> dict[str, Any]:
     """The UsageRecord fields from the job (what the client sent) and how the chat ended.
 
     `cost` is what the engine work cost at the model's prices: an answer from firsttoken's own
