@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 # Imported inside the command: `firsttoken --help` should not pay for SQLAlchemy.
 
+# shared.db.usage_report.GROUP_BY, spelled out: importing it (SQLAlchemy) would slow every
+# other command's start (tests/unit/firsttoken/test_usagecli.py checks they agree).
+GROUP_BY_CHOICES = ("tenant", "key", "model", "day", "end_user")
 INSTALL_MATPLOTLIB = "pip install 'firsttoken[bench]' (or: pip install 'matplotlib>=3.7')"
 
 
@@ -277,8 +280,6 @@ def _cmd_usage(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `usage` to the `firsttoken` command."""
-    from shared.db.usage_report import GROUP_BY
-
     description = (
         "Usage from the database (FIRSTTOKEN_DATABASE_URL): per group, requests, errors, "
         "prompt/completion tokens, cost (models with prices), cache hit rate by tier, TTFT "
@@ -304,7 +305,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument(
         "--by",
-        choices=GROUP_BY,
+        choices=GROUP_BY_CHOICES,
         default="tenant",
         help="one row per tenant (default), API key, model, UTC day or end user (the chat "
         "frame's `user`; rows without one as '(none)')",

@@ -3,8 +3,9 @@
 Per group: requests, errors, prompt and completion tokens, cost, cache hit rate by tier, TTFT
 p50/p95/p99 and queue wait p95. The same numbers from both databases:
 
-- PostgreSQL computes everything in one GROUP BY, the percentiles with ``percentile_cont``
-  (continuous: linear interpolation between the two nearest ranks).
+- PostgreSQL computes everything in one statement, the percentiles with ``percentile_cont``
+  (continuous: linear interpolation between the two nearest ranks) over each group's values
+  (see :func:`postgres_statement` for why not a plain GROUP BY).
 - SQLite has no ``percentile_cont``. The counts and sums are the same GROUP BY; each latency
   column then takes one window query (``ROW_NUMBER`` and ``COUNT`` over the group, ordered by
   the value) that returns, per group and percentile, only the two rows around the rank
@@ -38,7 +39,10 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    text,
 )
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from shared.db.models import UsageEvent
@@ -50,6 +54,9 @@ QUEUE_PERCENTILE = 0.95
 ERROR_STATUSES = ("error", "timeout")  # as usage_daily: a cancel is the client's choice
 HIT_TIERS = ("exact", "semantic")
 LOOKUP_TIERS = ("exact", "semantic", "miss")  # "off" (and NULL, older rows) made no lookup
+# For the report's own transaction only (SET LOCAL): the per-group arrays and their sorts stay
+# in memory instead of spilling to disk at PostgreSQL's default of 4MB.
+PG_WORK_MEM = "128MB"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,14 +164,56 @@ def _totals_columns() -> list[ColumnElement[Any]]:
     ]
 
 
-def _percentile_columns() -> list[ColumnElement[Any]]:
-    """PostgreSQL's ordered-set aggregates, one per reported percentile."""
-    ttft = [
-        func.percentile_cont(p).within_group(UsageEvent.ttft_ms).label(f"ttft_{i}")
-        for i, p in enumerate(TTFT_PERCENTILES)
-    ]
-    queue = func.percentile_cont(QUEUE_PERCENTILE).within_group(UsageEvent.queue_ms)
-    return [*ttft, queue.label("queue")]
+def postgres_statement(group: ColumnElement[Any], where: list[ColumnElement[bool]]) -> Any:
+    """Per group: the totals, TTFT percentiles and queue p95 in one statement.
+
+    The plain ``percentile_cont ... GROUP BY`` sorts the whole window by the group first (a
+    GroupAggregate: ordered-set aggregates cannot be hashed), and then each group again per
+    percentile: 1.5-3 s over 1M rows here. Collecting each group's values with ``array_agg``
+    in a hash aggregate and running ``percentile_cont`` over each group's array sorts only
+    within groups: about half the time (docs/benchmarks.md). It holds the window's TTFT and
+    queue values in memory (16 bytes a row), hence the session's larger ``work_mem``.
+    """
+    ttft, queue = UsageEvent.ttft_ms, UsageEvent.queue_ms
+    inner = (
+        select(
+            group.label("g"),
+            *_totals_columns(),
+            func.array_agg(ttft).filter(ttft.is_not(None)).label("ttft_values"),
+            func.array_agg(queue).filter(queue.is_not(None)).label("queue_values"),
+        )
+        .where(*where)
+        .group_by(group)
+        .subquery()
+    )
+
+    def percentiles(values: Any, fractions: Sequence[float]) -> Any:
+        value = func.unnest(values).column_valued("v")
+        at = postgresql.array([literal(p, Float) for p in fractions])
+        return select(func.percentile_cont(at).within_group(value)).scalar_subquery()
+
+    arrays = ("ttft_values", "queue_values")  # sorted here, never sent: 16 bytes a row
+    return select(
+        *(c for c in inner.c if c.name not in arrays),
+        percentiles(inner.c.ttft_values, TTFT_PERCENTILES).label("ttft"),
+        percentiles(inner.c.queue_values, (QUEUE_PERCENTILE,)).label("queue"),
+    )
+
+
+async def _postgres_report(
+    conn: AsyncConnection | AsyncSession,
+    group: ColumnElement[Any],
+    where: list[ColumnElement[bool]],
+) -> list[tuple[RowMapping, dict[float, Any], Any]]:
+    """Per group: the totals, TTFT percentiles and queue p95 (see :func:`postgres_statement`)."""
+    await conn.execute(text(f"SET LOCAL work_mem = '{PG_WORK_MEM}'"))
+    rows = (await conn.execute(postgres_statement(group, where))).mappings().all()
+    out = []
+    for r in rows:
+        ttft_at = r["ttft"] or [None] * len(TTFT_PERCENTILES)
+        queue_at = r["queue"] or [None]
+        out.append((r, dict(zip(TTFT_PERCENTILES, ttft_at, strict=True)), queue_at[0]))
+    return out
 
 
 async def _sqlite_percentiles(
@@ -221,13 +270,14 @@ async def usage_report(
     dialect = conn.get_bind().dialect.name if isinstance(conn, AsyncSession) else conn.dialect.name
     group = _group_column(by, dialect)
     where = _window(since, until)
-    pg = dialect == "postgresql"
-    columns = [group.label("g"), *_totals_columns(), *(_percentile_columns() if pg else [])]
-    rows = (await conn.execute(select(*columns).where(*where).group_by(group))).mappings().all()
-    if pg:
-        ttft = {r["g"]: {p: r[f"ttft_{i}"] for i, p in enumerate(TTFT_PERCENTILES)} for r in rows}
-        queue = {r["g"]: r["queue"] for r in rows}
+    if dialect == "postgresql":
+        found = await _postgres_report(conn, group, where)
+        rows = [r for r, _, _ in found]
+        ttft = {r["g"]: at for r, at, _ in found}
+        queue = {r["g"]: p95 for r, _, p95 in found}
     else:
+        totals = select(group.label("g"), *_totals_columns()).where(*where).group_by(group)
+        rows = list((await conn.execute(totals)).mappings().all())
         ttft = await _sqlite_percentiles(conn, group, UsageEvent.ttft_ms, TTFT_PERCENTILES, where)
         by_queue = await _sqlite_percentiles(
             conn, group, UsageEvent.queue_ms, (QUEUE_PERCENTILE,), where

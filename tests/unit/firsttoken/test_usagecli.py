@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from firsttoken.usagecli import UsageError, parse_when, plot, render
-from shared.db.usage_report import UsageGroup, interpolate, percentile_cont
+from firsttoken.usagecli import GROUP_BY_CHOICES, UsageError, parse_when, plot, render
+from shared.db.usage_report import GROUP_BY, UsageGroup, interpolate, percentile_cont
 
 GROUP = UsageGroup(
     group="t-a",
@@ -78,3 +78,8 @@ def test_plot_without_matplotlib_says_how_to_install_it(
     with pytest.raises(UsageError, match=r"pip install 'firsttoken\[bench\]'"):
         plot([GROUP], tmp_path / "p.png")
     assert not (tmp_path / "p.png").exists()
+
+
+def test_the_commands_groupings_are_the_reports() -> None:
+    """--by offers exactly the groupings the report knows."""
+    assert GROUP_BY_CHOICES == GROUP_BY
