@@ -46,11 +46,11 @@ SELECT
     CASE WHEN i % 97 = 0 THEN 'error' WHEN i % 211 = 0 THEN 'timeout' ELSE 'ok' END,
     timestamptz '2026-11-01 00:00:00+00' + (i % 30) * interval '1 day'
         + (i % 86400) * interval '1 second',
-    CASE WHEN i % 4 = 3 THEN NULL ELSE (50 + i % 900) * 0.6e-6 + (20 + i % 300) * 2.4e-6 END,
+    CASE WHEN random() < 0.25 THEN NULL ELSE (50 + i % 900) * 0.6e-6 + (20 + i % 300) * 2.4e-6 END,
     CASE WHEN i % 3 = 0 THEN NULL ELSE 'u' || (i % 5000) END,
     CASE WHEN i % 5 = 0 THEN '{"team": "search"}'::json ELSE NULL END,
     'c' || (i % 100000),
-    (ARRAY['exact', 'semantic', 'miss', 'miss', 'miss', 'off'])[1 + i % 6],
+    (ARRAY['exact', 'semantic', 'miss', 'miss', 'miss', 'off'])[1 + floor(random() * 6)::int],
     CASE WHEN i % 2 = 0 THEN (50 + i % 900) / 2 ELSE NULL END
 FROM generate_series(1, $1) AS i
 """
