@@ -267,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_cache_parser(sub)
 
+    from firsttoken.usagecli import add_parser as add_usage_parser
+
+    add_usage_parser(sub)
+
     from firsttoken.kbcli import add_parser as add_kb_parser
 
     add_kb_parser(sub)

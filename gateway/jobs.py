@@ -211,6 +211,8 @@ class JobOwner:
                 cache=frame.cache,
                 conversation_id=conversation_id,
                 new_conversation=new_conversation,
+                user=frame.user,
+                tags=frame.tags,
                 received_at=received,
                 enqueued_at=enqueued,
                 deadline_at=job.deadline_at,

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.errors import ErrorCode, FirstTokenError, InvalidRequest
 from shared.protocol import ChatFrame, Message
+from shared.tags import MetadataField, UserField
 
 # OpenAI parameters a client may reasonably send that this stack cannot honour: refused by
 # name, so a client never silently gets something other than what it asked for.
@@ -30,7 +31,6 @@ UNSUPPORTED_PARAMETERS = frozenset(
         "functions",
         "logit_bias",
         "logprobs",
-        "metadata",
         "modalities",
         "parallel_tool_calls",
         "prediction",
@@ -86,7 +86,9 @@ class ChatCompletionRequest(_Strict):
     # strict mode refuses an int for a float; OpenAI clients send `temperature=1` freely.
     temperature: float | int | None = Field(None, ge=0, le=2)
     n: Literal[1] | None = None
-    user: str | None = Field(None, max_length=256)
+    # Both land in the usage row only: `user` as its end_user, `metadata` as its tags.
+    user: UserField | None = None
+    metadata: MetadataField = None
     x_firsttoken: FirstTokenOptions | None = None
 
 
@@ -111,7 +113,8 @@ def _describe(exc: ValidationError) -> tuple[str, str | None]:
     for err in exc.errors()[:5]:
         loc = ".".join(str(p) for p in err["loc"] if p not in _UNION_MEMBERS)
         param = param or (loc or None)
-        parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts), param
 
 
@@ -236,6 +239,8 @@ def parse_chat_request(
             temperature=None if req.temperature is None else float(req.temperature),
             cache=options.cache,
             conversation_id=options.conversation_id,
+            user=req.user,
+            tags=req.metadata,
         )
     except ValidationError as exc:
         message, param = _describe(exc)

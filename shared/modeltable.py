@@ -9,7 +9,10 @@ deployment that predates the table keeps working unchanged. Example::
     [{"name": "small", "engine": "openai", "url": "http://gpu1:8100/v1",
       "served_model": "Qwen/Qwen3-1.7B", "role": "small", "fallbacks": ["large"]},
      {"name": "large", "engine": "openai", "url": "http://gpu2:8100/v1",
-      "served_model": "Qwen/Qwen3-32B", "role": "large"}]
+      "served_model": "Qwen/Qwen3-32B", "role": "large",
+      "prices": {"input": 0.6, "output": 2.4, "cached_input": 0.15}}]
+
+``prices`` (optional, per 1M tokens, see ``shared/pricing.py``) give each usage row its cost.
 
 Parsing and lookups are pure; only :func:`load_models` reads a file. The settings validate the
 table at start-up, so this module reads them only through :class:`TableSettings` and never
@@ -28,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from shared.env import ENV_PREFIX
 from shared.errors import ConfigError, InvalidRequest
+from shared.pricing import Prices
 
 EngineKind = Literal["sim", "openai", "vllm"]
 Role = Literal["small", "large"]
@@ -69,6 +73,9 @@ class ModelSpec(BaseModel):
     api_key: str = "EMPTY"
     role: Role = "large"
     fallbacks: tuple[str, ...] = ()
+    prices: Prices | None = Field(
+        None, description="Per 1M tokens: input, output, cached_input (shared/pricing.py)."
+    )
 
     @model_validator(mode="after")
     def _check_engine(self) -> ModelSpec:
@@ -198,6 +205,7 @@ def default_table(settings: TableSettings) -> ModelTable:
         served_model=settings.engine_model,
         model_path=settings.vllm_model_path,
         api_key=settings.engine_api_key,
+        prices=None,  # FIRSTTOKEN_MODELS entries can have prices; this table cannot
     )
     return ModelTable([spec], settings.default_model)
 

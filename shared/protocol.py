@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic validates only this one before 3.12
 
 from shared.errors import ErrorFrame, InvalidRequest
+from shared.tags import TagsField, UserField
 
 PROTOCOL_VERSION = 1
 ChatId = Annotated[str, Field(min_length=1, max_length=128)]
@@ -55,6 +56,9 @@ class ChatFrame(_Frame):
     # Ids are minted by the server (a hex uuid), so printable ASCII is all one can be; a NUL or
     # other control character would otherwise reach the database's lookup as is.
     conversation_id: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[!-~]+$")
+    # For the usage row only (shared/tags.py): the client's end user, and its labels.
+    user: UserField | None = None
+    tags: TagsField = None
 
 
 # `model: "auto"` routes the chat to the small or the large model (shared/routing.py).
@@ -103,7 +107,7 @@ def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
         loc = ".".join(str(p) for p in err["loc"] if p not in CLIENT_FRAME_TYPES)
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "string_pattern_mismatch":  # conversation_id's, the one pattern
             msg = "must be an id the server returned (printable ASCII, no spaces)"
         elif err["type"] in _TYPE_ERRORS and type(err["input"]) in _JSON_TYPES:

@@ -67,7 +67,8 @@ class Settings(BaseSettings):
     models: str | None = Field(
         None,
         description="The model table as a JSON list of {name, engine, url, served_model, "
-        "model_path, api_key, role (small|large), fallbacks}; see shared/modeltable.py. Unset: "
+        "model_path, api_key, role (small|large), fallbacks, prices {input, output, "
+        "cached_input} per 1M tokens}; see shared/modeltable.py. Unset: "
         "one model from the FIRSTTOKEN_ENGINE* settings.",
     )
     models_file: str | None = Field(

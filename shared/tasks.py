@@ -16,6 +16,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict
 
 from shared.protocol import Message, dumps
+from shared.tags import Tags
 
 # A payload that does not validate is logged by whoever reads it (Celery, the chat consumer):
 # its error must not quote the values, which hold prompt and answer text.
@@ -38,6 +39,8 @@ class ChatJob(BaseModel):
     cache: bool = True
     conversation_id: str | None = None
     new_conversation: bool = False  # the gateway minted conversation_id for this chat
+    user: str | None = None  # the client's end user and labels, for the usage row only
+    tags: Tags | None = None
     received_at: float
     enqueued_at: float
     deadline_at: float  # unix seconds; a worker that finds the job later drops it
@@ -62,6 +65,13 @@ class UsageRecord(BaseModel):
     finish_reason: str
     status: str  # ok | error | cancelled | timeout
     created_at: float
+    # Issue 32: NULL where unknown (rows of older workers, a model without prices).
+    cost: float | None = None
+    end_user: str | None = None
+    tags: Tags | None = None
+    conversation_id: str | None = None
+    cache_tier: str | None = None  # exact | semantic | miss | off
+    cached_prompt_tokens: int | None = None  # the engine's prefix-cache hits, where reported
 
 
 class MessagesRecord(BaseModel):

@@ -156,6 +156,7 @@ class ChatRun:
             self.publisher.next_seq = takeover.next_seq
             self.stream.text = [takeover.text]
             self.stream.tokens = self._tokens_before = self.completion_tokens = takeover.tokens
+        self.cached_prompt_tokens: int | None = None  # the engine's, where it reports them
         self._built: BuiltPrompt | None = None
         self.generation: Generation | None = None
         self.cache: CacheStage | None = None
@@ -365,6 +366,7 @@ class ChatRun:
             completion_tokens=hit.completion_tokens,
             answer=hit.answer,
             cached=True,
+            cache_tier=self.lookup.tier,
         )
         # The usage row goes on the pipe ahead of the `done` (workers/record.py).
         self.cache.replay(
@@ -418,6 +420,8 @@ class ChatRun:
             if delta.completion_tokens is not None:
                 # A continuation's engine counts only what it generated.
                 self.completion_tokens = self._tokens_before + delta.completion_tokens
+            if delta.cached_prompt_tokens is not None:
+                self.cached_prompt_tokens = delta.cached_prompt_tokens
             delta = await _next(deltas)
         self._check_cancelled()
         await self.ctx.leases.wait_open()  # held text and `done` go out only while ours
@@ -460,6 +464,8 @@ class ChatRun:
                 answer,
                 conversation_id=conversation,
                 route=route,
+                cache_tier=self.lookup.tier,
+                cached_prompt_tokens=self.cached_prompt_tokens,
             ),
         )
         usage: Usage = {
@@ -521,6 +527,8 @@ class ChatRun:
             self.prompt_tokens,
             self.completion_tokens,
             self.stream.answer,
+            cache_tier=self.lookup.tier,
+            cached_prompt_tokens=self.cached_prompt_tokens,
         )
         record(self.ctx, self.job, self.points, outcome)
         frame = error_frame(self.job.chat_id, Cancelled("the chat was cancelled"))
@@ -537,7 +545,12 @@ class ChatRun:
         frame = error_frame(self.job.chat_id, exc)
         status = "timeout" if isinstance(exc, DeadlineExceeded) else "error"
         outcome = Outcome(
-            self.model, frame["code"], status, completion_tokens=self.completion_tokens
+            self.model,
+            frame["code"],
+            status,
+            completion_tokens=self.completion_tokens,
+            cache_tier=self.lookup.tier,
+            cached_prompt_tokens=self.cached_prompt_tokens,
         )
         record(self.ctx, self.job, self.points, outcome)
         with contextlib.suppress(Exception):

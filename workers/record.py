@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from shared.keys import BULK_QUEUE, PERSIST_MESSAGES_TASK
 from shared.tasks import ChatJob, MessagesRecord, UsageRecord, task_message
+from workers.usage_row import analytics_fields
 
 if TYPE_CHECKING:
     from workers.context import WorkerContext
@@ -30,6 +31,8 @@ class Outcome:
     cached: bool = False
     conversation_id: str | None = None
     route: str = "default"
+    cache_tier: str | None = None  # workers/cache_stage.py Lookup.tier
+    cached_prompt_tokens: int | None = None  # the engine's prefix-cache hits, where reported
 
 
 def _ms(end: float | None, start: float | None) -> float | None:
@@ -63,6 +66,7 @@ def record(ctx: WorkerContext, job: ChatJob, points: dict[str, float], outcome: 
         finish_reason=outcome.finish_reason,
         status=outcome.status,
         created_at=now,
+        **analytics_fields(ctx.models, job, outcome),
     )
     ctx.usage.add(usage)
     keep_text = ctx.settings.store_text or outcome.conversation_id is not None

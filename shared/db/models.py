@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     Boolean,
     DateTime,
     Float,
@@ -167,6 +168,13 @@ class UsageEvent(Base):
     finish_reason: Mapped[str] = mapped_column(String(32))
     status: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # Issue 32 (migration 0004); NULL where unknown, never a made-up 0.
+    cost: Mapped[float | None] = mapped_column(Float)  # model table prices; NULL: unpriced
+    end_user: Mapped[str | None] = mapped_column(String(256))  # the frame's `user`
+    tags: Mapped[Any | None] = mapped_column(JSON)  # the frame's `tags`: object or array
+    conversation_id: Mapped[str | None] = mapped_column(String(ID_LEN))
+    cache_tier: Mapped[str | None] = mapped_column(String(16))  # exact|semantic|miss|off
+    cached_prompt_tokens: Mapped[int | None] = mapped_column(Integer)
 
 
 # --- prompts and knowledge base (issue 5) ------------------------------------------------------

@@ -28,6 +28,8 @@ class Delta:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    # Prompt tokens the engine served from its prefix cache, where it reports them.
+    cached_prompt_tokens: int | None = None
 
 
 @dataclass(slots=True)

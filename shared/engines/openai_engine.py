@@ -214,7 +214,7 @@ class OpenAIEngine:
         self, response: StreamedResponse, request_id: str
     ) -> AsyncGenerator[Delta, None]:
         finish_reason: str | None = None
-        prompt_tokens = completion_tokens = None
+        prompt_tokens = completion_tokens = cached_prompt_tokens = None
         next_data = response.next_data
         try:
             while (data := await next_data()) is not None:
@@ -230,6 +230,7 @@ class OpenAIEngine:
                 if usage:
                     prompt_tokens = usage.get("prompt_tokens")
                     completion_tokens = usage.get("completion_tokens")
+                    cached_prompt_tokens = _cached_tokens(usage)
                 for choice in chunk.get("choices") or ():
                     content = (choice.get("delta") or {}).get("content")
                     if content:
@@ -261,6 +262,7 @@ class OpenAIEngine:
             finish_reason=finish_reason,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            cached_prompt_tokens=cached_prompt_tokens,
         )
 
     def _error(self, kind: type[E], reason: str, cause: object) -> E:
@@ -320,3 +322,11 @@ def _reason(status: int) -> str:
         return HTTPStatus(status).phrase
     except ValueError:
         return "(empty body)"
+
+
+def _cached_tokens(usage: dict[str, Any]) -> int | None:
+    """OpenAI's `usage.prompt_tokens_details.cached_tokens` (vLLM sends it with
+    `--enable-prompt-tokens-details`); None where the server does not report it."""
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) else None

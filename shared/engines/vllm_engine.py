@@ -90,6 +90,9 @@ class VLLMEngine:
                         finish_reason=choice.finish_reason or "stop",
                         prompt_tokens=len(out.prompt_token_ids or ()),
                         completion_tokens=completion_tokens,
+                        # RequestOutput.num_cached_tokens: the prefix cache's hits, where this
+                        # vLLM reports them (None in versions without the field).
+                        cached_prompt_tokens=getattr(out, "num_cached_tokens", None),
                     )
         except (asyncio.CancelledError, GeneratorExit, EngineError):
             raise

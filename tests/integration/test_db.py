@@ -335,3 +335,48 @@ async def test_lookup_and_revoke(sessions: async_sessionmaker[AsyncSession]) -> 
     async with sessions() as s:
         info = await lookup_key(s, hash_key(key))
     assert info is not None and info.revoked
+
+
+async def test_usage_rows_keep_the_analysts_fields(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """Cost, end user, tags (object or array), conversation, cache tier and cached prompt
+    tokens are stored as given; a row without them reads back NULL, not 0."""
+    full = usage(
+        "req-analytics",
+        cost=0.00125,
+        end_user="u-1",
+        tags={"team": "search"},
+        conversation_id="conv-1",
+        cache_tier="semantic",
+        cached_prompt_tokens=7,
+    )
+    listed = usage("req-analytics-list", tags=["beta", "mobile"])
+    async with sessions.begin() as s:
+        await insert_usage(s, full)
+        await insert_usage(s, listed)
+    async with sessions() as s:
+        rows = {
+            r.request_id: r
+            for r in (
+                await s.execute(
+                    select(UsageEvent).where(UsageEvent.request_id.like("req-analytics%"))
+                )
+            ).scalars()
+        }
+    got = rows["req-analytics"]
+    assert (got.cost, got.end_user, got.tags, got.conversation_id) == (
+        0.00125,
+        "u-1",
+        {"team": "search"},
+        "conv-1",
+    )
+    assert (got.cache_tier, got.cached_prompt_tokens) == ("semantic", 7)
+    bare = rows["req-analytics-list"]
+    assert bare.tags == ["beta", "mobile"]
+    assert (bare.cost, bare.end_user, bare.cache_tier, bare.cached_prompt_tokens) == (
+        None,
+        None,
+        None,
+        None,
+    )

@@ -235,15 +235,19 @@ async def test_client_disconnect_aborts_the_engine_request(connect: Any, stack: 
 
 
 async def test_usage_row_lands_once_per_request(connect: Any, stack: Stack) -> None:
-    """A finished chat writes exactly one usage row with its token counts."""
+    """A finished chat writes exactly one usage row with its token counts, the frame's user
+    and tags, and its cache tier; the sim model has no prices, so its cost is NULL."""
     client = await connect()
-    await client.chat("u1", "count my tokens")
+    await client.chat("u1", "count my tokens", user="end-7", tags={"team": "qa"})
     job_id = (await client.next_for("u1"))["job_id"]
     _, done = await client.until_end("u1")
     rows = await _usage(stack.services.database_url, job_id)
     assert len(rows) == 1
     assert rows[0].completion_tokens == done["usage"]["completion_tokens"]
     assert rows[0].status == "ok"
+    assert (rows[0].end_user, rows[0].tags) == ("end-7", {"team": "qa"})
+    assert rows[0].cache_tier in ("miss", "off") and rows[0].cost is None
+    assert rows[0].cached_prompt_tokens is None  # the simulator reports none
 
 
 async def test_resume_replays_from_the_log_for_the_same_key_only(
@@ -372,3 +376,29 @@ async def test_celery_itself_starts_the_same_chat_worker(
                 assert [t["seq"] for t in tokens] == list(range(len(tokens))) and tokens
                 rows = await _usage(services.database_url, job_id)
                 assert len(rows) == 1 and rows[0].status == "ok"
+
+
+async def test_usage_rows_record_the_cache_tier_of_a_miss_and_a_hit(
+    connect: Any, stack: Stack
+) -> None:
+    """The first ask of a question looked in the cache and missed; a repeat answered from the
+    cache records its tier (exact or semantic) and cached=true."""
+    client = await connect()
+    await client.chat("tier-0", "which cache tier answered this question?")
+    first = (await client.next_for("tier-0"))["job_id"]
+    _, done = await client.until_end("tier-0")
+    assert done["type"] == "done" and done["cached"] is False
+    hit = None
+    for i in range(1, 30):  # the cache write is off the hot path: ask until it has landed
+        await client.chat(f"tier-{i}", "which cache tier answered this question?")
+        job_id = (await client.next_for(f"tier-{i}"))["job_id"]
+        _, done = await client.until_end(f"tier-{i}")
+        if done["cached"]:
+            hit = job_id
+            break
+        await asyncio.sleep(0.2)
+    assert hit is not None, "the repeat was never answered from the cache"
+    (missed,) = await _usage(stack.services.database_url, first)
+    (served,) = await _usage(stack.services.database_url, hit)
+    assert (missed.cache_tier, missed.cached) == ("miss", False)
+    assert served.cache_tier in ("exact", "semantic") and served.cached is True

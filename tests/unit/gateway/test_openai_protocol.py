@@ -293,3 +293,21 @@ def test_the_completion_object() -> None:
     ]
     assert body["usage"]["total_tokens"] == 8
     assert body["x_firsttoken"]["cached"] is True
+
+
+def test_user_and_metadata_become_the_frames_end_user_and_tags() -> None:
+    """OpenAI's `user` and `metadata` reach the chat frame as `user` and `tags`."""
+    frame = parse(
+        {"model": "m", "messages": [USER], "user": "u-1", "metadata": {"team": "a"}}
+    ).frame
+    assert (frame.user, frame.tags) == ("u-1", {"team": "a"})
+
+
+def test_bad_metadata_is_a_400_naming_metadata() -> None:
+    """metadata must be an object of short strings, at most 16 pairs (as OpenAI's)."""
+    error = refused({"model": "m", "messages": [USER], "metadata": ["a"]})
+    assert error.param == "metadata" and "must be an object of strings" in error.message
+    error = refused(
+        {"model": "m", "messages": [USER], "metadata": {str(i): "v" for i in range(17)}}
+    )
+    assert error.param == "metadata" and "the limit is 16" in error.message

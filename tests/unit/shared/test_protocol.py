@@ -209,3 +209,41 @@ def test_a_server_frame_the_client_does_not_know_is_refused_with_what_to_do() ->
         parse_server_frame('{"type": "telemetry", "id": "c"}')
     with pytest.raises(ValueError, match="upgrade firsttoken"):
         parse_server_frame('{"type": "token", "id": "c", "seq": "x", "text": 1}')
+
+
+def test_chat_frame_carries_the_end_user_and_tags_for_the_usage_row() -> None:
+    """`user` and `tags` (an object of strings or an array of labels) parse as sent."""
+    frame = parse(json.dumps({**CHAT, "user": "u-42", "tags": {"team": "search", "exp": ""}}))
+    assert isinstance(frame, ChatFrame)
+    assert (frame.user, frame.tags) == ("u-42", {"team": "search", "exp": ""})
+    frame = parse(json.dumps({**CHAT, "tags": ["beta", "mobile"]}))
+    assert isinstance(frame, ChatFrame) and frame.tags == ["beta", "mobile"]
+
+
+BAD_TAGS = [
+    ({"user": 7}, "user: Input should be a valid string, not a number"),
+    ({"user": ""}, "user: must not be empty"),
+    ({"user": "u" * 257}, "user: is 257 characters; the limit is 256"),
+    ({"user": "a\nb"}, "user: must not contain control characters"),
+    ({"tags": "beta"}, "tags: must be an object of strings or an array of strings, not a string"),
+    ({"tags": {"n": 1}}, "tags: 'n' must be a string, not a number"),
+    ({"tags": [1]}, "tags: entry 0 must be a string, not a number"),
+    ({"tags": [""]}, "tags: entry 0 must not be empty"),
+    ({"tags": ["x" * 65]}, "tags: entry 0 is 65 characters; the limit is 64"),
+    ({"tags": {"k" * 65: "v"}}, "tags: a key is 65 characters; the limit is 64"),
+    ({"tags": {"k": "v" * 513}}, "tags: 'k' is 513 characters; the limit is 512"),
+    ({"tags": [str(i) for i in range(17)]}, "tags: has 17 entries; the limit is 16"),
+    ({"tags": {"a\x00": "v"}}, "tags: a key must not contain control characters"),
+]
+
+
+@pytest.mark.parametrize(("extra", "needle"), BAD_TAGS, ids=[str(e)[:40] for e, _ in BAD_TAGS])
+def test_bad_user_or_tags_are_invalid_request_saying_what_is_wrong(
+    extra: dict[str, object], needle: str
+) -> None:
+    """A user or tags of the wrong type, too long, too many or with control characters is
+    refused as invalid_request with a message naming the field and the limit."""
+    with pytest.raises(InvalidRequest) as info:
+        parse_client_frame(json.dumps({**CHAT, **extra}), max_bytes=65536, max_messages=4)
+    assert info.value.code.value == "invalid_request"
+    assert needle in info.value.message

@@ -1,0 +1,76 @@
+"""The analysts' fields of a usage row: cost at the model's prices, user, tags, cache tier."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.engines.openai_engine import _cached_tokens
+from shared.modeltable import parse_models
+from shared.protocol import Message
+from shared.tasks import ChatJob
+from workers.record import Outcome
+from workers.usage_row import analytics_fields
+
+TABLE = parse_models(
+    '[{"name": "priced", "engine": "sim", "prices": {"input": 1, "output": 4, "cached_input": 0}},'
+    ' {"name": "free", "engine": "sim"}]'
+)
+JOB = ChatJob(
+    job_id="j",
+    chat_id="c",
+    tenant_id="t",
+    key_id="k",
+    messages=[Message(role="user", content="hi")],
+    max_tokens=8,
+    conversation_id="conv-1",
+    user="u-9",
+    tags=["beta"],
+    received_at=0.0,
+    enqueued_at=0.0,
+    deadline_at=1.0,
+)
+
+
+def test_fields_carry_the_jobs_user_tags_conversation_and_the_outcomes_tier() -> None:
+    """end_user, tags and conversation_id come from the job; tier and cached tokens from the
+    outcome; cost is the priced model's tokens at its prices (cached prompt tokens free)."""
+    outcome = Outcome(
+        "priced", "stop", "ok", 1000, 100, cache_tier="miss", cached_prompt_tokens=200
+    )
+    fields = analytics_fields(TABLE, JOB, outcome)
+    assert fields == {
+        "cost": pytest.approx((800 * 1 + 100 * 4) / 1e6),
+        "end_user": "u-9",
+        "tags": ["beta"],
+        "conversation_id": "conv-1",
+        "cache_tier": "miss",
+        "cached_prompt_tokens": 200,
+    }
+
+
+def test_an_unpriced_or_unknown_model_costs_null() -> None:
+    """No prices (or a model the table does not hold, e.g. an unrouted `auto`): cost None."""
+    for model in ("free", "auto"):
+        assert analytics_fields(TABLE, JOB, Outcome(model, "stop", "ok", 10, 10))["cost"] is None
+
+
+def test_an_answer_from_the_cache_costs_zero_of_a_priced_model() -> None:
+    """A cache hit used no engine: 0 at the model's prices, not its tokens' price."""
+    hit = Outcome("priced", "stop", "ok", 0, 50, cached=True, cache_tier="exact")
+    assert analytics_fields(TABLE, JOB, hit)["cost"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("usage", "cached"),
+    [
+        ({"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 4}}, 4),
+        ({"prompt_tokens": 9, "prompt_tokens_details": None}, None),
+        ({"prompt_tokens": 9}, None),
+        ({"prompt_tokens_details": {"cached_tokens": True}}, None),
+    ],
+)
+def test_the_openai_engine_reads_cached_tokens_only_where_reported(
+    usage: dict[str, object], cached: int | None
+) -> None:
+    """usage.prompt_tokens_details.cached_tokens, else None (never a made-up 0)."""
+    assert _cached_tokens(usage) == cached
