@@ -69,6 +69,8 @@ class SessionHost(Protocol):
 
     def chat_started(self) -> None: ...
 
+    def beats_trusted(self, now: float) -> bool: ...
+
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
 
     async def chat_workers_alive(self) -> bool: ...
@@ -372,7 +374,7 @@ class JobOwner:
             settings = self.gw.settings
             idle = settings.stream_idle_timeout_s
             verdict = "alive"
-            if state.worker is not None:
+            if state.worker is not None and self.gw.beats_trusted(now):
                 verdict = owner_verdict(
                     state.worker,
                     self.gw.chat_beats,

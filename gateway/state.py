@@ -84,6 +84,7 @@ class Gateway:
         self.chat_beats: dict[str, float] = {}
         self.beats_checked_at = 0.0
         self._watchdog: asyncio.Task[None] | None = None
+        self.redis_back_at = 0.0  # when pub/sub last reconnected (see beats_trusted)
         self._worker_count: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
@@ -217,6 +218,12 @@ class Gateway:
         except Exception:
             log.warning("could not publish cancel for %s", job_id, exc_info=True)
 
+    def beats_trusted(self, now: float) -> bool:
+        """Whether the chat workers' heartbeats say who is alive: not right after this
+        process's own Redis connection came back, when every beat is as old as the outage."""
+        grace = self.settings.worker_lost_s + self.settings.worker_heartbeat_s
+        return now - self.redis_back_at >= grace
+
     async def _watch(self) -> None:
         relay_was_down = False
         while True:
@@ -237,7 +244,10 @@ class Gateway:
 
     def _restart_idle_clocks(self, now: float) -> None:
         """After pub/sub reconnected: every started chat's idle time counts from now (its
-        worker needs its own reconnect to resend), a queued chat's deadline is unchanged."""
+        worker needs its own reconnect to resend), a queued chat's deadline is unchanged, and
+        the workers' heartbeats, as old as the outage, are not read as deaths until they have
+        had the time to beat again (`beats_trusted`)."""
+        self.redis_back_at = now
         for feed in self.feeds.values():
             for job in feed.followers.members:
                 job.state.last_seen = max(job.state.last_seen, now)

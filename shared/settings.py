@@ -248,8 +248,16 @@ class Settings(BaseSettings):
     gateway_heartbeat_s: float = Field(
         0.5,
         gt=0,
-        description="How often a gateway says it is alive. A chat worker aborts the chats that "
-        "no live gateway follows (3 heartbeats missed) and frees their stream slots.",
+        description="How often a gateway says it is alive; a gateway that missed "
+        "gateway_dead_after_s of beats is dead to the chat workers.",
+    )
+    gateway_dead_after_s: float = Field(
+        1.5,
+        gt=0,
+        description="A chat no live gateway has followed for this long is aborted (its engine "
+        "request stopped, its stream slot freed): the time a client of a dead gateway has to "
+        "reconnect elsewhere and resume. Behind a load balancer a reconnect takes well under "
+        "a second; raise it where clients wait for the same gateway to restart.",
     )
     stream_lease_s: float = Field(
         60.0,

@@ -106,7 +106,11 @@ class WorkerContext:
             # the usage rows of dead chat workers.
             if CHAT_QUEUE in queues:
                 watch = GatewayWatch(
-                    self.pipe, self.keys, self.running, self.settings.gateway_heartbeat_s
+                    self.pipe,
+                    self.keys,
+                    self.running,
+                    self.settings.gateway_heartbeat_s,
+                    self.settings.gateway_dead_after_s,
                 )
                 self._tasks.append(asyncio.create_task(watch.run(), name="gateway-watch"))
             if BULK_QUEUE in queues:

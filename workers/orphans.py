@@ -4,10 +4,10 @@ A gateway that is killed cannot cancel its chats: their engine requests would ru
 end and their stream slots stay held until their leases expire. Every gateway beats in
 `Keys.gateways` (gateway/liveness.py); once a second (not per token) a chat worker sends one
 script with the followers sets of all its running chats (`Keys.job_followers`: the admitting
-gateway and any that resumed the job). A chat whose set names gateways none of which has beaten
-within DEAD_AFTER_BEATS heartbeats is cancelled here (its engine request aborted, as a client's
-cancel does) and its stream slot freed in the same script. A chat with no followers set (it
-expired, or every gateway gave it up and cancelled it already) is left alone.
+gateway and any that resumed the job). A chat whose set names gateways none of which has
+beaten within `FIRSTTOKEN_GATEWAY_DEAD_AFTER_S` is cancelled here (its engine request aborted,
+as a client's cancel does) and its stream slot freed in the same script. A chat with no
+followers set (it expired, or every gateway gave it up and cancelled it already) is left alone.
 
 Right after the worker's own connection to Redis comes back, the check waits: the gateways'
 beats may not have reached Redis yet, and an outage the chats ride out must not end them.
@@ -80,9 +80,10 @@ class GatewayWatch:
         keys: Keys,
         running: Mapping[str, Any],
         gateway_heartbeat_s: float,
+        dead_after_s: float,
     ) -> None:
         self._pipe, self._keys, self._running = pipe, keys, running
-        self._silence_ms = int(DEAD_AFTER_BEATS * gateway_heartbeat_s * 1000)
+        self._silence_ms = int(dead_after_s * 1000)
         # Gateways beat again within this of Redis coming back (their own reconnect included).
         self._grace_s = max(3.0, 2 * DEAD_AFTER_BEATS * gateway_heartbeat_s)
         self._script = pipe.script(ORPHANS_LUA)

@@ -44,6 +44,9 @@ def page_stack(
         tmp_path_factory.mktemp("logs"),
         sim_args=SIM_ARGS,
         cache_store_truncated="true",
+        # The reconnect test restarts the page's only gateway: its running answer must outlive
+        # the restart (behind a load balancer the page would reconnect to another at once).
+        gateway_dead_after_s="30",
     ) as s:
         s.wait_ready()
         yield s

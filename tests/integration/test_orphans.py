@@ -63,7 +63,7 @@ async def test_only_chats_no_live_gateway_follows_are_stopped(
     for job_id in ("orphan", "resumed", "unknown-gw", "no-set"):
         await r.zadd(keys.key_streams("k1"), {job_id: now_ms + 60_000})
     running = {job_id: _Run() for job_id in ("orphan", "resumed", "unknown-gw", "no-set")}
-    watch = GatewayWatch(pipe, keys, running, gateway_heartbeat_s=0.5)
+    watch = GatewayWatch(pipe, keys, running, gateway_heartbeat_s=0.5, dead_after_s=1.5)
     pipe.up_since -= 60  # connected long ago: no grace left
     assert sorted(await watch.check()) == ["orphan", "unknown-gw"]
     assert {j for j, run in running.items() if run.cancelled} == {"orphan", "unknown-gw"}
@@ -77,6 +77,6 @@ async def test_right_after_a_reconnect_nothing_is_stopped(
     r, pipe, keys = redis_and_pipe
     await r.sadd(keys.job_followers("j"), "dead")
     running = {"j": _Run()}
-    watch = GatewayWatch(pipe, keys, running, gateway_heartbeat_s=0.5)
+    watch = GatewayWatch(pipe, keys, running, gateway_heartbeat_s=0.5, dead_after_s=1.5)
     assert await watch.check() == []  # the pipe connected a moment ago
     assert not running["j"].cancelled
