@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 from shared.failover import delivered_tokens
 from shared.keys import BULK_QUEUE, PERSIST_USAGE_BATCH_TASK, Keys
 from shared.tasks import UsageRecord, task_message
+from shared.timing import elapsed_ms
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +36,6 @@ class LostChat:
     first_sent_at: float | None
 
 
-def _ms(end: float | None, start: float) -> float | None:
-    return None if end is None else round((end - start) * 1000.0, 3)
-
-
 async def record_lost_chat(redis: Redis, keys: Keys, origin: str, chat: LostChat) -> None:
     """Enqueue the chat's usage row (status `error`, the tokens delivered); never raises."""
     now = time.time()
@@ -52,8 +49,8 @@ async def record_lost_chat(redis: Redis, keys: Keys, origin: str, chat: LostChat
             model=chat.model,
             prompt_tokens=chat.prompt_tokens,
             completion_tokens=delivered_tokens(log_),
-            ttft_ms=_ms(chat.first_sent_at, chat.received_at),
-            total_ms=_ms(now, chat.received_at),
+            ttft_ms=elapsed_ms(chat.first_sent_at, chat.received_at),
+            total_ms=elapsed_ms(now, chat.received_at),
             finish_reason="engine_error",
             status="error",
             created_at=now,

@@ -21,6 +21,13 @@ STAGES: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def elapsed_ms(end: float | None, start: float | None) -> float | None:
+    """Milliseconds from `start` to `end` (wall-clock seconds), None when either is unknown."""
+    if end is None or start is None:
+        return None
+    return round((end - start) * 1000.0, 3)
+
+
 def stage_timings(points: dict[str, float]) -> dict[str, float]:
     """Durations in ms (3 decimals) for every stage whose two points are known."""
     out: dict[str, float] = {}

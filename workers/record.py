@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from shared.keys import BULK_QUEUE, PERSIST_MESSAGES_TASK
 from shared.tasks import ChatJob, MessagesRecord, UsageRecord, task_message
+from shared.timing import elapsed_ms
 from workers.usage_row import analytics_fields
 
 if TYPE_CHECKING:
@@ -35,12 +36,6 @@ class Outcome:
     cached_prompt_tokens: int | None = None  # the engine's prefix-cache hits, where reported
 
 
-def _ms(end: float | None, start: float | None) -> float | None:
-    if end is None or start is None:
-        return None
-    return round((end - start) * 1000.0, 3)
-
-
 def record(ctx: WorkerContext, job: ChatJob, points: dict[str, float], outcome: Outcome) -> None:
     """Queue the usage row (workers/usage.py's UsageBatcher) and the turn's text on the
     process's Redis pipe; never fails the chat.
@@ -60,9 +55,9 @@ def record(ctx: WorkerContext, job: ChatJob, points: dict[str, float], outcome: 
         cached=outcome.cached,
         prompt_tokens=outcome.prompt_tokens,
         completion_tokens=outcome.completion_tokens,
-        queue_ms=_ms(points.get("worker_start"), job.enqueued_at),
-        ttft_ms=_ms(points.get("first_chunk_published"), job.received_at),
-        total_ms=_ms(now, job.received_at),
+        queue_ms=elapsed_ms(points.get("worker_start"), job.enqueued_at),
+        ttft_ms=elapsed_ms(points.get("first_chunk_published"), job.received_at),
+        total_ms=elapsed_ms(now, job.received_at),
         finish_reason=outcome.finish_reason,
         status=outcome.status,
         created_at=now,
