@@ -29,7 +29,6 @@ from tests.integration.test_persist_outage import TcpProxy
 from tests.support import (
     free_port,
     port_open,
-    postgres_available,
     throwaway_redis_server,
     wait_until,
 )
@@ -341,18 +340,6 @@ async def test_gateway_killed_its_engine_requests_stop_and_its_slots_come_back(
         )
         assert abort_after < 3.5, abort_after
         assert resumed_end is not None and resumed_end["type"] == "done", resumed_end
-
-
-@pytest.fixture
-def proxied_database(services: Services) -> Iterator[tuple[str, TcpProxy]]:
-    url = make_url(services.database_url)
-    if url.get_backend_name() != "postgresql" or not postgres_available():
-        pytest.skip("needs PostgreSQL (FIRSTTOKEN_TEST_POSTGRES_URL) to stop behind a proxy")
-    proxy = TcpProxy((url.host or "127.0.0.1", url.port or 5432))
-    try:
-        yield url.set(port=proxy.port).render_as_string(hide_password=False), proxy
-    finally:
-        proxy.close()
 
 
 async def test_bulk_worker_killed_while_the_database_is_down_rows_land_once_within_60s(

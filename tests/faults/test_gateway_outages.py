@@ -15,12 +15,11 @@ from typing import Any
 
 import pytest
 import websockets
-from sqlalchemy import make_url
 
 from shared.db.apikeys import provision_key
 from tests.integration.conftest import Client, Services, Stack, make_stack
 from tests.integration.test_persist_outage import TcpProxy
-from tests.support import free_port, postgres_available, throwaway_redis_server
+from tests.support import free_port, throwaway_redis_server
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -149,19 +148,6 @@ async def test_redis_down_a_new_connection_whose_key_needs_redis_gets_an_error_f
             assert ws.close_code == 1013, ws.close_code  # "try again later"
         finally:
             procs.append(throwaway_redis_server(port, tmp_path))
-
-
-@pytest.fixture
-def proxied_database(services: Services) -> Iterator[tuple[str, TcpProxy]]:
-    """The run's PostgreSQL database behind a TCP proxy the test can take down: (URL, proxy)."""
-    url = make_url(services.database_url)
-    if url.get_backend_name() != "postgresql" or not postgres_available():
-        pytest.skip("needs PostgreSQL (FIRSTTOKEN_TEST_POSTGRES_URL) to stop behind a proxy")
-    proxy = TcpProxy((url.host or "127.0.0.1", url.port or 5432))
-    try:
-        yield url.set(port=proxy.port).render_as_string(hide_password=False), proxy
-    finally:
-        proxy.close()
 
 
 async def test_database_down_an_unknown_key_gets_overloaded_and_a_cached_key_works(
