@@ -176,13 +176,16 @@ def _json_string(text: str) -> bytes:
     return json.dumps(text).encode()
 
 
-def _usage(delta: Delta) -> dict[str, int]:
+def _usage(delta: Delta) -> dict[str, Any]:
     prompt, completion = delta.prompt_tokens or 0, delta.completion_tokens or 0
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if delta.cached_prompt_tokens is not None:  # with --prefix-cache-tokens, as vLLM reports
+        usage["prompt_tokens_details"] = {"cached_tokens": delta.cached_prompt_tokens}
+    return usage
 
 
 class _Events:
@@ -524,6 +527,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="emit every token on a shared clock ticking this often, as a batched decoder "
         "does; 0: each answer keeps its own schedule (default: %(default)s)",
     )
+    p.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        default=s.sim_prefix_cache_tokens,
+        help="prompt tokens the prefix cache holds; a prompt then pays --prefill-ms-per-token "
+        "only past its cached prefix, and its usage reports prompt_tokens_details."
+        "cached_tokens, as vLLM's; 0: no cache (default: %(default)s)",
+    )
     faults = p.add_argument_group("faults", "misbehave on purpose, for fault tests")
     faults.add_argument("--status", type=int, help="answer chat requests with this HTTP status")
     faults.add_argument(
@@ -560,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
             jitter=args.jitter,
             max_tokens=args.max_tokens,
             step_ms=args.step_ms,
+            prefix_cache_tokens=args.prefix_cache_tokens,
         )
         faults = Faults(
             status=args.status,

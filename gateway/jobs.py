@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from redis.asyncio import Redis
 
 from gateway.admit import admit_chat
+from gateway.drafts import Drafts
 from gateway.auth import Principal
 from gateway.lostchats import LostChat, record_lost_chat
 from gateway.metrics import GatewayMetrics
@@ -61,6 +62,7 @@ class SessionHost(Protocol):
     beats_checked_at: float
     relay: Relay
     limiter: RateLimiter
+    drafts: Drafts
     metrics: GatewayMetrics
     feeds: dict[str, Feed]
 

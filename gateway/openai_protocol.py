@@ -253,6 +253,7 @@ def parse_chat_request(
 
 _STATUS = {
     ErrorCode.INVALID_REQUEST.value: 400,
+    ErrorCode.INVALID_DRAFT.value: 400,
     ErrorCode.UNAUTHORIZED.value: 401,
     ErrorCode.RATE_LIMITED.value: 429,
     ErrorCode.OVERLOADED.value: 503,

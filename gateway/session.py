@@ -19,10 +19,13 @@ from gateway.auth import Principal
 from gateway.eager import Rest, start_eagerly
 from gateway.jobs import Job, JobOwner, SessionHost
 from gateway.relaystate import RelayState
+from shared.drafts import draft_scope
 from shared.errors import Cancelled, DeadlineExceeded, FirstTokenError, InvalidRequest
 from shared.protocol import (
     CancelFrame,
     ChatFrame,
+    NEW_CONVERSATION,
+    DraftFrame,
     PingFrame,
     ResumeFrame,
     encode_accepted,
@@ -45,6 +48,7 @@ class Session(JobOwner):
         self._out: asyncio.Queue[str | Rest | None] = asyncio.Queue()
         self._writing = False  # the writer task is inside a send
         self.close_code: int | None = None  # set to close the socket once queued frames are out
+        self._drafted: set[str] = set()  # scopes this socket sent drafts in (gateway/drafts.py)
 
     # --- outbound ---------------------------------------------------------------------
     def send(self, text: str) -> None:
@@ -140,6 +144,8 @@ class Session(JobOwner):
                 await self.resume(frame)
             elif isinstance(frame, PingFrame):
                 self.send(encode_pong(frame.id))
+            elif isinstance(frame, DraftFrame):
+                self.draft(frame)
         except FirstTokenError as exc:
             self.send_error(getattr(frame, "id", None), exc)
         except Exception as exc:
@@ -148,8 +154,37 @@ class Session(JobOwner):
 
     # --- chats ------------------------------------------------------------------------
     async def start_chat(self, frame: ChatFrame) -> None:
+        if self._drafted:  # only a socket that sent drafts pays for this
+            self._forget_drafts(frame.conversation_id)
         job, conversation_id = await self.open_job(frame)
         self.send(encode_accepted(frame.id, job.job_id, conversation_id))
+
+    # --- drafts (issue 34): never answered, see shared/drafts.py --------------------------
+    def draft(self, frame: DraftFrame) -> None:
+        scope = self.gw.drafts.submit(
+            frame,
+            tenant_id=self.principal.tenant_id,
+            key_id=self.principal.key_id,
+            connection=self.connection,
+            chats_on_connection=len(self.jobs),
+        )
+        if scope is not None:
+            self._drafted.add(scope)
+
+    def _forget_drafts(self, conversation_id: str | None) -> None:
+        """The user pressed send: this conversation's drafts still queued are stale."""
+        # A first message ("new", or no server history) was drafted in the socket's scope.
+        if conversation_id == NEW_CONVERSATION:
+            conversation_id = None
+        scope = draft_scope(self.principal.key_id, conversation_id, self.connection)
+        if scope in self._drafted:
+            self._drafted.discard(scope)
+            self.gw.drafts.forget(scope)
+
+    @property
+    def connection(self) -> str:
+        """This socket, among all gateways' (the scope of drafts without a conversation id)."""
+        return f"{self.gw.name}:{id(self):x}"
 
     async def cancel_chat(self, chat_id: str) -> None:
         job = self.jobs.get(chat_id)

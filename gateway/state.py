@@ -29,6 +29,7 @@ from shared.keys import CHAT_QUEUE, Keys
 from shared.limits import Limits
 from shared.modeltable import ModelTable, model_table
 from shared.redis.client import UNREACHABLE, redis_client, unreachable_as_overloaded
+from gateway.drafts import Drafts
 from shared.redis.pipe import RedisPipe
 from shared.settings import Settings
 
@@ -61,6 +62,7 @@ class Gateway:
         # Admission and settlement scripts, pipelined on one connection (shared/redis/pipe.py).
         self.pipe = RedisPipe(settings.redis_url, client_name=f"firsttoken-gateway-{os.getpid()}")
         self.limiter = RateLimiter(self.pipe, self.keys, settings.stream_lease_s)
+        self.drafts = Drafts(self.pipe, self.keys, settings, self.name)  # issue 34
         self.beat = GatewayBeat(self.pipe, self.keys, self.name, settings.gateway_heartbeat_s)
         self.guard = ConnectionGuard(
             max_connections=settings.max_connections,

@@ -4,6 +4,7 @@
     ├── ConfigError                  bad settings; the process refuses to start
     └── FirstTokenError              anything a client may be told about (has a wire code)
         ├── InvalidRequest           invalid_request   malformed or out-of-bounds input
+        │   └── InvalidDraft         invalid_draft     a malformed `draft` frame (no chat ends)
         ├── Unauthorized             unauthorized      missing, unknown or revoked API key
         ├── RateLimited              rate_limited      over a limit; carries retry_after_ms
         ├── Overloaded               overloaded        no capacity (no chat worker, too many chats)
@@ -30,6 +31,9 @@ from typing_extensions import TypedDict  # pydantic validates only this one befo
 
 class ErrorCode(StrEnum):
     INVALID_REQUEST = "invalid_request"
+    # A `draft` frame (issue 34) that does not validate: its own code, so a client can tell
+    # that nothing it is waiting for ended (a draft is never answered) without tracking ids.
+    INVALID_DRAFT = "invalid_draft"
     UNAUTHORIZED = "unauthorized"
     RATE_LIMITED = "rate_limited"
     OVERLOADED = "overloaded"
@@ -57,6 +61,10 @@ class FirstTokenError(Exception):
 
 class InvalidRequest(FirstTokenError):
     code = ErrorCode.INVALID_REQUEST
+
+
+class InvalidDraft(InvalidRequest):
+    code = ErrorCode.INVALID_DRAFT
 
 
 class Unauthorized(FirstTokenError):

@@ -16,6 +16,13 @@ PERSIST_USAGE_TASK = "firsttoken.persist_usage"
 PERSIST_USAGE_BATCH_TASK = "firsttoken.persist_usage_batch"
 PERSIST_MESSAGES_TASK = "firsttoken.persist_messages"
 SUMMARIZE_TASK = "firsttoken.summarize"
+# A draft's prefill (issue 34): on the chat queue's lowest-priority list, read by the chat pool
+# only when no chat waits (workers/prefill.py).
+PREFILL_TASK = "firsttoken.prefill"
+# kombu's Redis transport keeps a queue's priority p > 0 messages in QUEUE + this + p, and reads
+# them after those of every higher priority (kombu.transport.redis Channel.sep, PRIORITY_STEPS).
+KOMBU_PRIORITY_SEP = "\x06\x16"
+LOWEST_PRIORITY = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +37,24 @@ class Keys:
     def queue_list(self, queue: str) -> str:
         """The Redis list kombu reads a queue from (priority 0)."""
         return f"{self.celery_keyprefix}{queue}"
+
+    def draft_list(self) -> str:
+        """The chat queue's lowest-priority list: drafts wait here behind every chat."""
+        return f"{self.queue_list(CHAT_QUEUE)}{KOMBU_PRIORITY_SEP}{LOWEST_PRIORITY}"
+
+    # --- drafts (issue 34) --------------------------------------------------------------
+    def draft_latest(self, scope: str) -> str:
+        """String: the job id of a conversation's newest draft; a worker drops any other."""
+        return f"{self.prefix}:draft:latest:{scope}"
+
+    def draft_running(self, scope: str) -> str:
+        """String: the job id of the draft being prefilled for a conversation; a newer draft's
+        admission publishes it on the cancel channel (the prefill is aborted)."""
+        return f"{self.prefix}:draft:running:{scope}"
+
+    def draft_rate(self, key_id: str) -> str:
+        """Counter of an API key's drafts in the current one-second window."""
+        return f"{self.prefix}:draft:rate:{key_id}"
 
     # --- one chat job -------------------------------------------------------------------
     def job_channel(self, job_id: str) -> str:

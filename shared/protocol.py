@@ -1,7 +1,9 @@
 """The websocket wire protocol (v1): typed frames, the parsers, and fast encoders.
 
-Client -> server: ``chat``, ``cancel``, ``resume``, ``ping`` (pydantic models: every frame a
-client sends is validated). Server -> client: ``accepted``, ``token``, ``done``, ``error``
+Client -> server: ``chat``, ``cancel``, ``resume``, ``ping``, ``draft`` (pydantic models: every
+frame a client sends is validated). A ``draft`` (issue 34) is the message a user is still typing:
+the server prefills its prompt in the engine's prefix cache and never answers it (a malformed
+one gets an ``invalid_draft`` error naming its id; nothing else ends). Server -> client: ``accepted``, ``token``, ``done``, ``error``
 (shared/errors.py, next to its one translator), ``pong``, and the worker -> gateway pub/sub
 chunks. The server builds its frames, so they are TypedDicts: a plain dict at run time (nothing
 is validated per token), checked by mypy where it is built, and validated only where a client
@@ -20,10 +22,10 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal, NotRequired
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from typing_extensions import TypedDict  # pydantic validates only this one before 3.12
 
-from shared.errors import ErrorFrame, InvalidRequest
+from shared.errors import ErrorFrame, InvalidDraft, InvalidRequest
 from shared.tags import TagsField, UserField
 
 PROTOCOL_VERSION = 1
@@ -83,11 +85,39 @@ class PingFrame(_Frame):
     id: str | None = None
 
 
+class DraftFrame(_Frame):
+    """The message being typed (issue 34): `text` is what the `chat` frame's last user message
+    would be now. Either `conversation_id` (a server-kept conversation, as the chat would
+    continue it) or `messages` (the history the chat would send before that message; empty
+    for a first message). `model` as the chat will ask, so the same engine is prefilled."""
+
+    type: Literal["draft"]
+    id: ChatId
+    text: str = Field(min_length=1)
+    conversation_id: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[!-~]+$")
+    messages: list[Message] | None = None
+    model: str | None = Field(None, min_length=1, max_length=128)
+
+    @model_validator(mode="after")
+    def _one_history(self) -> DraftFrame:
+        if (self.conversation_id is None) == (self.messages is None):
+            raise ValueError(
+                "send exactly one of conversation_id (a server-kept conversation) and messages"
+                " (the history before the message being typed; [] for a first message)"
+            )
+        if self.conversation_id == NEW_CONVERSATION:
+            raise ValueError(
+                f'conversation_id "{NEW_CONVERSATION}" has no history yet: a draft of a new'
+                " conversation sends messages: []"
+            )
+        return self
+
+
 ClientFrame = Annotated[
-    ChatFrame | CancelFrame | ResumeFrame | PingFrame, Field(discriminator="type")
+    ChatFrame | CancelFrame | ResumeFrame | PingFrame | DraftFrame, Field(discriminator="type")
 ]
 _CLIENT_FRAME: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
-CLIENT_FRAME_TYPES = ("chat", "cancel", "resume", "ping")
+CLIENT_FRAME_TYPES = ("chat", "cancel", "resume", "ping", "draft")
 
 
 _TYPE_ERRORS = frozenset({"int_type", "float_type", "bool_type", "string_type", "list_type"})
@@ -132,7 +162,7 @@ def _check_unicode(data: object) -> None:
 
 def parse_client_frame(
     raw: str | bytes, *, max_bytes: int, max_messages: int
-) -> ChatFrame | CancelFrame | ResumeFrame | PingFrame:
+) -> ChatFrame | CancelFrame | ResumeFrame | PingFrame | DraftFrame:
     """Validate one client frame or raise InvalidRequest saying exactly what is wrong."""
     size = len(raw.encode() if isinstance(raw, str) else raw)
     if size > max_bytes:
@@ -154,15 +184,17 @@ def parse_client_frame(
         raise InvalidRequest(
             f"unknown frame type {kind!r}; expected one of {', '.join(CLIENT_FRAME_TYPES)}"
         )
-    if kind == "chat" and isinstance(data.get("messages"), list):
+    # A bad draft ends nothing: its own code says so (shared/errors.py InvalidDraft).
+    invalid = InvalidDraft if kind == "draft" else InvalidRequest
+    if kind in ("chat", "draft") and isinstance(data.get("messages"), list):
         if len(data["messages"]) > max_messages:
-            raise InvalidRequest(
+            raise invalid(
                 f"too many messages: {len(data['messages'])}; the limit is {max_messages}"
             )
     try:
         return _CLIENT_FRAME.validate_python(data)
     except ValidationError as exc:
-        raise InvalidRequest(f"invalid {kind} frame: {_describe(exc)}") from exc
+        raise invalid(f"invalid {kind} frame: {_describe(exc)}") from exc
 
 
 def frame_id(raw: str | bytes) -> str | None:
@@ -216,6 +248,9 @@ class Usage(TypedDict):
     completion_tokens: int
     # The engine's own prompt count (its chat template, its tokenizer), where it differs.
     engine_prompt_tokens: NotRequired[int]
+    # Prompt tokens the engine found in its prefix cache (a draft prefilled them, issue 34, or
+    # an earlier turn did), where the engine reports them.
+    cached_prompt_tokens: NotRequired[int]
 
 
 class PromptParts(TypedDict):

@@ -110,6 +110,44 @@ class Settings(BaseSettings):
         description="Emit every token on a shared clock ticking this often, as a batched "
         "decoder does at each step; 0: each answer keeps its own schedule.",
     )
+    sim_prefix_cache_tokens: int = Field(
+        0,
+        ge=0,
+        description="Prompt tokens the simulated engine's prefix cache holds (LRU, in blocks "
+        "of 16 as vLLM's): a prompt then pays SIM_PREFILL_MS_PER_TOKEN only for the tokens "
+        "past its cached prefix, and reports the cached ones. 0: no cache (every prompt "
+        "prefilled in full, none reported).",
+    )
+
+    # --- drafts: prefill while the user types (issue 34) ------------------------------------
+    drafts_enabled: bool = Field(
+        True, description="Accept `draft` frames and prefill their prompts; off: drop them."
+    )
+    draft_rate_per_s: int = Field(
+        10,
+        ge=1,
+        description="Drafts per second one API key may have prefilled (its own budget, apart "
+        "from the chat limits); more are dropped without a word.",
+    )
+    draft_max_age_s: float = Field(
+        2.0,
+        gt=0,
+        description="A worker drops a draft that waited longer than this: the user has typed "
+        "on (or sent) since.",
+    )
+    draft_queue_max: int = Field(
+        256,
+        ge=1,
+        description="Drafts waiting in the chat queue's lowest-priority list at most; a "
+        "gateway drops new drafts beyond (the workers are not keeping up).",
+    )
+    draft_worker_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="A chat worker prefills a draft only while fewer than this share of its "
+        "chat slots (FIRSTTOKEN_CHAT_CONCURRENCY) are busy, chats and prefills together.",
+    )
 
     # --- gateway --------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Gateway bind address.")

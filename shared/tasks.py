@@ -46,6 +46,26 @@ class ChatJob(BaseModel):
     deadline_at: float  # unix seconds; a worker that finds the job later drops it
 
 
+class DraftJob(BaseModel):
+    """A draft to prefill (issue 34); travels as the `draft` kwarg of the prefill task.
+
+    `messages` are the chat's as the chat frame would send them, the typed text last;
+    `scope` names the conversation the draft belongs to (shared/drafts.py): only its newest
+    draft is prefilled."""
+
+    model_config = _PAYLOAD
+
+    job_id: str
+    draft_id: str
+    scope: str
+    tenant_id: str
+    key_id: str
+    messages: list[Message]
+    model: str | None = None
+    conversation_id: str | None = None
+    enqueued_at: float
+
+
 class UsageRecord(BaseModel):
     """One row of `usage_events`; idempotent on request_id."""
 
@@ -72,6 +92,9 @@ class UsageRecord(BaseModel):
     conversation_id: str | None = None
     cache_tier: str | None = None  # exact | semantic | miss | off
     cached_prompt_tokens: int | None = None  # the engine's prefix-cache hits, where reported
+    # Issue 34: a draft's prefill (route "prefill"): the prompt tokens it had the engine
+    # process; NULL on every other row.
+    prefill_tokens: int | None = None
 
 
 class MessagesRecord(BaseModel):

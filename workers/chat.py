@@ -475,6 +475,8 @@ class ChatRun:
         if engine_prompt_tokens is not None and engine_prompt_tokens != self.prompt_tokens:
             # The engine's own count (its chat template, its tokenizer) where it differs.
             usage["engine_prompt_tokens"] = engine_prompt_tokens
+        if self.cached_prompt_tokens is not None:
+            usage["cached_prompt_tokens"] = self.cached_prompt_tokens
         self.publisher.done(
             done_chunk(
                 self.job.chat_id,

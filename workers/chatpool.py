@@ -51,6 +51,7 @@ from workers.consumer import QueueConsumer, chat_consumer
 from workers.context import WorkerContext
 from workers.deferred import deferred
 from workers.lifecycle import lifecycle
+from workers.prefill import HANDLERS as PREFILL_HANDLERS
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ class ChatPool(bootsteps.StartStopStep):  # type: ignore[misc]  # celery: no ann
             self.reader = chat_consumer(
                 ctx.settings,
                 ctx.keys,
-                HANDLERS,
+                {**HANDLERS, **PREFILL_HANDLERS},
                 name=w.hostname,
                 after_read=deferred.after_read,
                 events=events,

@@ -63,6 +63,9 @@ class WorkerContext:
     leases: JobLeases
     _engines: dict[tuple[str, str], Engine] = field(default_factory=dict)
     running: dict[str, Cancellable] = field(default_factory=dict)
+    # Drafts being prefilled (workers/prefill.py): cancellable like chats, but no chat's lease,
+    # follower check or takeover applies to them.
+    prefills: dict[str, Cancellable] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _heartbeat_task: asyncio.Task[None] | None = None
     _heartbeat_queues: tuple[str, ...] = ()
@@ -131,7 +134,7 @@ class WorkerContext:
             if msg is None or msg.get("type") != "message":
                 continue
             job_id = msg["data"]
-            run = self.running.get(job_id)
+            run = self.running.get(job_id) or self.prefills.get(job_id)
             if run is not None:
                 run.cancel()
 

@@ -175,6 +175,8 @@ class UsageEvent(Base):
     conversation_id: Mapped[str | None] = mapped_column(String(ID_LEN))
     cache_tier: Mapped[str | None] = mapped_column(String(16))  # exact|semantic|miss|off
     cached_prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    # Issue 34 (migration 0005): a draft's prefill row (route 'prefill'); NULL on the others.
+    prefill_tokens: Mapped[int | None] = mapped_column(Integer)
 
 
 # --- prompts and knowledge base (issue 5) ------------------------------------------------------

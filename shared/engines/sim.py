@@ -5,6 +5,11 @@ Timing model (all times in ms, each scaled by ``1 + jitter * U(-1, 1)``):
 - at most ``max_seqs`` sequences generate at once; the rest wait in FIFO order, as in
   vLLM's scheduler when the batch is full;
 - once admitted, the first token comes after ``ttft_ms + prefill_ms_per_token * prompt_tokens``;
+  with ``prefix_cache_tokens`` > 0 (off by default) a prefix cache (shared/engines/prefixcache.py)
+  holds prefilled prompts, and only the tokens past a prompt's cached prefix are paid for; the
+  last delta then reports the cached ones (``cached_prompt_tokens``), as vLLM does. A prompt's
+  blocks are cached once its prefill is done (its first token's time), whether or not the
+  answer runs on (a draft's ``max_tokens`` 1 prefill, issue 34);
 - every next token after ``itl_ms * (1 + ITL_SLOWDOWN_PER_SEQ * running)``: decoding is
   memory-bound, so a larger batch slows each step only mildly (about 1.5x at 256 sequences);
 - with ``step_ms`` > 0, tokens come on a clock that ticks every ``step_ms`` (on the loop
@@ -37,6 +42,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from shared.engines.base import Delta, EngineRequest, EngineStats
+from shared.engines.prefixcache import PrefixCache, block_hashes, prompt_token_words
 from shared.protocol import Message
 from shared.settings import Settings
 
@@ -121,8 +127,11 @@ class SimOptions:
     jitter: float = 0.0
     max_tokens: int = 128
     step_ms: float = 0.0
+    prefix_cache_tokens: int = 0
 
     def __post_init__(self) -> None:
+        if self.prefix_cache_tokens < 0:
+            raise ValueError("the prefix cache's size must not be negative")
         if min(self.ttft_ms, self.itl_ms, self.prefill_ms_per_token, self.step_ms) < 0:
             raise ValueError("simulated latencies must not be negative")
         if self.max_seqs < 1 or self.max_tokens < 1:
@@ -140,6 +149,7 @@ class SimOptions:
             jitter=settings.sim_jitter,
             max_tokens=settings.sim_max_tokens,
             step_ms=settings.sim_step_ms,
+            prefix_cache_tokens=settings.sim_prefix_cache_tokens,
         )
 
 
@@ -220,6 +230,8 @@ class SimEngine:
         self._streams: dict[str, _Stream] = {}
         # Timing noise needs no determinism across processes; a seed makes tests repeatable.
         self._noise = random.Random(timing_seed)
+        cache_size = self.options.prefix_cache_tokens
+        self.prefix_cache = PrefixCache(cache_size) if cache_size else None
 
     async def stream(
         self, request: EngineRequest, *, request_id: str
@@ -231,6 +243,11 @@ class SimEngine:
         else:
             tokens, finish_reason = plan_answer(request, self.options.max_tokens)
         prompt_tokens = count_prompt_tokens(request.messages)
+        cache = self.prefix_cache
+        blocks: list[bytes] = []
+        cached: int | None = None
+        if cache is not None:
+            blocks = block_hashes(prompt_token_words(request.messages))
         state = _Stream()
         self._streams[request_id] = state
         self.stats.started += 1
@@ -243,9 +260,13 @@ class SimEngine:
             try:
                 loop = asyncio.get_running_loop()
                 opts = self.options
+                to_prefill = prompt_tokens
+                if cache is not None:  # looked up once admitted, as vLLM's scheduler does
+                    cached = cache.cached_tokens(blocks, prompt_tokens)
+                    to_prefill -= cached
                 deadline = (
                     loop.time()
-                    + self._noisy(opts.ttft_ms + opts.prefill_ms_per_token * prompt_tokens) / 1000
+                    + self._noisy(opts.ttft_ms + opts.prefill_ms_per_token * to_prefill) / 1000
                 )
                 last = len(tokens) - 1
                 step = opts.step_ms / 1000
@@ -254,14 +275,19 @@ class SimEngine:
                 for i, token in enumerate(tokens):
                     if not await self._sleep_until(state, deadline):
                         yield Delta(
-                            finish_reason="abort", prompt_tokens=prompt_tokens, completion_tokens=i
+                            finish_reason="abort",
+                            prompt_tokens=prompt_tokens,
+                            completion_tokens=i,
+                            cached_prompt_tokens=cached,
                         )
                         return
+                    if i == 0 and cache is not None:
+                        cache.insert(blocks)  # prefilled: the prompt's blocks are cached
                     if i == last:
                         # Counted before the yield: a consumer that stops after the final
                         # delta has received the whole answer.
                         finished = True
-                        yield Delta(token, finish_reason, prompt_tokens, len(tokens))
+                        yield Delta(token, finish_reason, prompt_tokens, len(tokens), cached)
                     else:
                         yield Delta(token)
                     if step:

@@ -1,0 +1,129 @@
+"""Prefill while the user types (issue 34): the pure decisions about `draft` frames.
+
+A client sends `draft` frames (shared/protocol.py DraftFrame) while its user types. The gateway
+(gateway/drafts.py) admits each with one Redis script, :data:`ADMIT_DRAFT_LUA`, and the chat
+worker that reads it (workers/prefill.py) builds the prompt the chat would have (the same
+retrieval stage: builder, budget, sources) and sends it to the engine with ``max_tokens`` 1,
+so that the engine's prefix cache holds it when the chat comes.
+
+Why drafts never delay a chat:
+
+- they wait on the chat queue's *lowest-priority* list (``Keys.draft_list``): the chat pool's
+  BRPOP reads that list only when every chat list is empty, so a waiting chat always goes
+  first, and the draft runs on the worker that reads it, beside the chats, on the same engine
+  server the chat will use;
+- the gateway drops a draft when a chat is queued (the workers are behind), when the draft
+  list holds ``draft_queue_max`` already, when the key is over its draft budget
+  (``draft_rate_per_s``, apart from its chat limits), and while the same connection has a
+  chat running (its answer's decode would share the engine with the prefill);
+- a worker drops a draft that is no longer its conversation's newest (coalescing: a key per
+  conversation holds the newest draft's job id), one older than ``draft_max_age_s``, and any
+  while ``draft_worker_share`` of its chat slots are busy; a newer draft's admission aborts
+  the prefill in flight for an older one (its job id goes out on the cancel channel).
+
+Dropped drafts get no frame: a draft is a hint, and a client goes on typing. Only a draft
+that does not validate is answered (``invalid_draft``, naming its id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from shared.protocol import DraftFrame, Message
+from shared.tasks import ChatJob, DraftJob
+
+# What the admission script said (gateway/drafts.py); "queued" is the only one that prefills.
+Admission = Literal["queued", "busy", "rate", "full"]
+# What a worker does with a draft it read.
+Verdict = Literal["prefill", "superseded", "stale", "busy"]
+
+# KEYS: the chat queue's priority-0 list, the draft list, the key's rate counter, the
+# conversation's latest-draft key, its running-draft key.
+# ARGV: the draft's job id, its task message, the rate limit per window, the window (ms),
+# the latest key's ttl (s), the cancel channel, the draft list's cap.
+# One round trip: the load checks, the budget, the coalescing and the abort of an older
+# prefill in flight, and the enqueue.
+ADMIT_DRAFT_LUA = """
+if redis.call('LLEN', KEYS[1]) > 0 then return 'busy' end
+if redis.call('LLEN', KEYS[2]) >= tonumber(ARGV[7]) then return 'full' end
+local n = redis.call('INCR', KEYS[3])
+if n == 1 then redis.call('PEXPIRE', KEYS[3], ARGV[4]) end
+if n > tonumber(ARGV[3]) then return 'rate' end
+redis.call('SET', KEYS[4], ARGV[1], 'EX', ARGV[5])
+local running = redis.call('GET', KEYS[5])
+if running and running ~= ARGV[1] then redis.call('PUBLISH', ARGV[6], running) end
+redis.call('LPUSH', KEYS[2], ARGV[2])
+return 'queued'
+"""
+DRAFT_RATE_WINDOW_MS = 1000
+
+# KEYS: a conversation's running-draft key; ARGV: the draft's job id. Cleared only if still
+# this draft's (a newer one may be running there by now).
+CLEAR_RUNNING_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def draft_scope(key_id: str, conversation_id: str | None, connection: str) -> str:
+    """The conversation a draft belongs to, for coalescing: a server-kept conversation by its
+    id (under the key, so one key's drafts never supersede another's), else the connection
+    (a client keeping its own history types one message at a time per socket)."""
+    if conversation_id is not None:
+        return f"{key_id}:c:{conversation_id}"
+    return f"{key_id}:s:{connection}"
+
+
+def draft_messages(frame: DraftFrame) -> list[Message]:
+    """The messages the chat frame would send if the user pressed send now."""
+    history: Sequence[Message] = frame.messages or ()
+    return [*history, Message(role="user", content=frame.text)]
+
+
+def gateway_drops(*, enabled: bool, chats_on_connection: int) -> bool:
+    """The gateway's own check before any Redis work: drafts off, or this connection has a
+    chat running (its answer streams now; the user's next message can wait for it)."""
+    return not enabled or chats_on_connection > 0
+
+
+def prefill_verdict(
+    *,
+    job_id: str,
+    latest: str | None,
+    now: float,
+    enqueued_at: float,
+    max_age_s: float,
+    busy: int,
+    slots: int,
+    share: float,
+) -> Verdict:
+    """Whether a worker prefills a draft it read: only its conversation's newest draft, only
+    while it is fresh, and only while the worker has room (`busy`: chats and prefills
+    running in it, of `slots`)."""
+    if latest != job_id:
+        return "superseded"
+    if now - enqueued_at > max_age_s:
+        return "stale"
+    if busy >= max(1, int(slots * share)):
+        return "busy"
+    return "prefill"
+
+
+def draft_chat_job(draft: DraftJob, now: float, deadline_s: float) -> ChatJob:
+    """The chat job the draft would be if sent now, for the retrieval stage to build its
+    prompt: what the worker prefills is exactly what it will send for the chat."""
+    return ChatJob(
+        job_id=draft.job_id,
+        chat_id=draft.draft_id,
+        tenant_id=draft.tenant_id,
+        key_id=draft.key_id,
+        messages=draft.messages,
+        model=draft.model,
+        max_tokens=1,
+        cache=False,
+        conversation_id=draft.conversation_id,
+        received_at=draft.enqueued_at,
+        enqueued_at=draft.enqueued_at,
+        deadline_at=now + deadline_s,
+    )
