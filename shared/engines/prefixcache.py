@@ -75,3 +75,11 @@ class PrefixCache:
         while len(self._blocks) > self.capacity_blocks:
             self._blocks.popitem(last=False)
 
+
+
+def prefilled_tokens(elapsed_ms: float, to_prefill: int, ms_per_token: float) -> int:
+    """Tokens of a prefill done `elapsed_ms` after it started, at `ms_per_token` each (a
+    prefill with no cost modelled has no progress to speak of: 0 until it is done)."""
+    if ms_per_token <= 0 or elapsed_ms <= 0:
+        return 0
+    return min(to_prefill, int(elapsed_ms / ms_per_token))

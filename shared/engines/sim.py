@@ -9,7 +9,9 @@ Timing model (all times in ms, each scaled by ``1 + jitter * U(-1, 1)``):
   holds prefilled prompts, and only the tokens past a prompt's cached prefix are paid for; the
   last delta then reports the cached ones (``cached_prompt_tokens``), as vLLM does. A prompt's
   blocks are cached once its prefill is done (its first token's time), whether or not the
-  answer runs on (a draft's ``max_tokens`` 1 prefill, issue 34);
+  answer runs on (a draft's ``max_tokens`` 1 prefill, issue 34); a request stopped during its
+  prefill leaves the blocks it had prefilled so far (at ``prefill_ms_per_token``) cached, as
+  vLLM's block-by-block caching does;
 - every next token after ``itl_ms * (1 + ITL_SLOWDOWN_PER_SEQ * running)``: decoding is
   memory-bound, so a larger batch slows each step only mildly (about 1.5x at 256 sequences);
 - with ``step_ms`` > 0, tokens come on a clock that ticks every ``step_ms`` (on the loop
@@ -42,7 +44,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from shared.engines.base import Delta, EngineRequest, EngineStats
-from shared.engines.prefixcache import PrefixCache, block_hashes, prompt_token_words
+from shared.engines.prefixcache import (
+    BLOCK_TOKENS,
+    PrefixCache,
+    block_hashes,
+    prefilled_tokens,
+    prompt_token_words,
+)
 from shared.protocol import Message
 from shared.settings import Settings
 
@@ -246,6 +254,7 @@ class SimEngine:
         cache = self.prefix_cache
         blocks: list[bytes] = []
         cached: int | None = None
+        prefilled = False
         if cache is not None:
             blocks = block_hashes(prompt_token_words(request.messages))
         state = _Stream()
@@ -264,8 +273,9 @@ class SimEngine:
                 if cache is not None:  # looked up once admitted, as vLLM's scheduler does
                     cached = cache.cached_tokens(blocks, prompt_tokens)
                     to_prefill -= cached
+                admitted_at = loop.time()
                 deadline = (
-                    loop.time()
+                    admitted_at
                     + self._noisy(opts.ttft_ms + opts.prefill_ms_per_token * to_prefill) / 1000
                 )
                 last = len(tokens) - 1
@@ -283,6 +293,7 @@ class SimEngine:
                         return
                     if i == 0 and cache is not None:
                         cache.insert(blocks)  # prefilled: the prompt's blocks are cached
+                        prefilled = True
                     if i == last:
                         # Counted before the yield: a consumer that stops after the final
                         # delta has received the whole answer.
@@ -298,6 +309,12 @@ class SimEngine:
             finally:
                 self.stats.running -= 1
                 self._slots.release()
+                if cache is not None and not prefilled:
+                    # Stopped during its prefill: as vLLM, the blocks computed so far stay.
+                    done = (cached or 0) + prefilled_tokens(
+                        (loop.time() - admitted_at) * 1000, to_prefill, opts.prefill_ms_per_token
+                    )
+                    cache.insert(blocks[: done // BLOCK_TOKENS])
         finally:
             del self._streams[request_id]
             if finished:

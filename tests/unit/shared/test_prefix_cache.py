@@ -6,7 +6,13 @@ from __future__ import annotations
 import asyncio
 
 from shared.engines.base import Delta, EngineRequest
-from shared.engines.prefixcache import BLOCK_TOKENS, PrefixCache, block_hashes, prompt_token_words
+from shared.engines.prefixcache import (
+    BLOCK_TOKENS,
+    PrefixCache,
+    block_hashes,
+    prefilled_tokens,
+    prompt_token_words,
+)
 from shared.engines.sim import SimEngine, SimOptions, count_prompt_tokens
 from shared.protocol import Message
 
@@ -59,6 +65,13 @@ def test_a_cache_of_zero_tokens_holds_nothing() -> None:
     cache = PrefixCache(0)
     cache.insert(block_hashes(words(64)))
     assert len(cache) == 0
+
+
+def test_a_prefill_stopped_midway_has_done_the_tokens_its_time_allowed() -> None:
+    assert prefilled_tokens(50.0, 1000, 0.1) == 500
+    assert prefilled_tokens(500.0, 1000, 0.1) == 1000  # never more than the prompt
+    assert prefilled_tokens(-1.0, 1000, 0.1) == 0
+    assert prefilled_tokens(50.0, 1000, 0.0) == 0  # no cost modelled: no progress either
 
 
 def request(text: str, max_tokens: int = 4) -> EngineRequest:
