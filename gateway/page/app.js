@@ -7,6 +7,9 @@
   // Reconnect backoff while answers are running; a socket with nothing running is reopened
   // only when the next question is sent.
   const RECONNECT_MS = [250, 500, 1000, 2000, 4000];
+  // Drafts (issue 34): the question as typed, this long after the last keystroke, so the
+  // engine has its prompt prefilled when it is sent (README, "Drafts"). Never answered.
+  const DRAFT_DEBOUNCE_MS = 300;
 
   const $ = (id) => document.getElementById(id);
   const ui = {
@@ -31,6 +34,8 @@
   let reconnectTimer = null;
   let refused = false; // the gateway closed with 1008 (bad key): no reconnect until a new key
   let counter = 0;
+  let draftTimer = null;
+  let draftSent = ""; // the text of the last draft sent, so an unchanged one is not resent
 
   // --- small helpers -----------------------------------------------------------------------
   function apiKey() {
@@ -274,7 +279,12 @@
       frame.route ? `route ${frame.route}${frame.route_reason ? ` (${frame.route_reason})` : ""}` : null,
     );
     const usage = frame.usage;
-    badge(chat, "usage", usage ? `${usage.prompt_tokens} → ${usage.completion_tokens} tokens` : null);
+    const cached = usage && usage.cached_prompt_tokens ? ` (${usage.cached_prompt_tokens} cached)` : "";
+    badge(
+      chat,
+      "usage",
+      usage ? `${usage.prompt_tokens}${cached} → ${usage.completion_tokens} tokens` : null,
+    );
   }
 
   // --- asking and stopping -----------------------------------------------------------------
@@ -303,8 +313,37 @@
     return chat;
   }
 
+  /** The question as typed so far, as a `draft` frame (the socket opened for it if need be:
+   * the chat then finds it open too), not while an answer streams (the gateway would drop
+   * it then). */
+  async function sendDraft() {
+    draftTimer = null;
+    const text = ui.question.value.trim();
+    if (!text || text === draftSent || !apiKey() || refused) return;
+    if ([...chats.values()].some((c) => c.running)) return;
+    try {
+      await ensureSocket();
+    } catch {
+      return; // the chat, when sent, says what is wrong with the connection
+    }
+    if (ui.question.value.trim() !== text) return; // typed on meanwhile: its own timer sends
+    draftSent = text;
+    counter += 1;
+    const frame = { type: "draft", id: `d${counter}`, messages: [], text };
+    if (ui.model.value) frame.model = ui.model.value;
+    send(frame);
+  }
+
+  function onTyping() {
+    if (draftTimer !== null) clearTimeout(draftTimer);
+    draftTimer = setTimeout(sendDraft, DRAFT_DEBOUNCE_MS);
+  }
+
   async function ask(event) {
     event.preventDefault();
+    if (draftTimer !== null) clearTimeout(draftTimer);
+    draftTimer = null;
+    draftSent = "";
     const question = ui.question.value.trim();
     if (!question) return;
     if (!apiKey()) {
@@ -349,6 +388,7 @@
   ui.question.addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey && !e.isComposing) ask(e);
   });
+  ui.question.addEventListener("input", onTyping);
   ui.key.value = apiKey();
   loadModels();
 

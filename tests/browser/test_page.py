@@ -264,3 +264,23 @@ def test_a_dropped_browser_connection_resumes_what_was_written(page: Any) -> Non
         10,
         what="the socket to reopen",
     )
+
+
+def test_typing_a_question_sends_a_draft_and_nothing_is_shown_for_it(
+    page: Any, page_stack: Stack
+) -> None:
+    """Issue 34: a pause in typing sends the question so far as a `draft` (the gateway then
+    marks it its conversation's newest); the page shows no chat and no notice for it."""
+    from selenium.webdriver.common.by import By
+
+    def newest_drafts() -> int:
+        with page_stack.redis() as client:
+            return len(list(client.scan_iter(f"{page_stack.prefix}:draft:latest:*")))
+
+    before = len(page.find_elements(By.CSS_SELECTOR, "article.chat"))
+    box = page.find_element(By.ID, "question")
+    box.send_keys("a question still being typed")
+    wait_until(lambda: newest_drafts() > 0, 10, what="the page's draft")
+    assert len(page.find_elements(By.CSS_SELECTOR, "article.chat")) == before
+    assert not page.find_element(By.ID, "notice").text
+    box.clear()
