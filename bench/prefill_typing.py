@@ -15,8 +15,9 @@ few words more. Chats with drafts and without alternate in the same run, one at 
 both see the same machine. The TTFT is the client's: send to the first token frame.
 
 ``--cpu`` also measures what drafts cost the stack's processes (gateway, chat worker, Redis,
-bulk worker): CPU seconds over a run of chats alone, then over drafts alone at the same rate
-(one typing user), each per request.
+bulk worker): CPU seconds over a run of chats alone, then over drafts alone at ``--draft-rate``
+(one typing user), each per request, less the stack's idle CPU over the same time (measured
+first, ``--idle-s``). ``--chats 0 --cpu``: only that.
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ def conversation(rng: random.Random, words: int) -> tuple[list[dict[str, str]], 
     new = max(8, words // 20)
     user, answer = (words - new) // 2, words - new - (words - new) // 2
     pick = lambda n: " ".join(rng.choice(VOCABULARY) for _ in range(n))  # noqa: E731
-    history = [{"role": "user", "content": pick(user)}, {"role": "assistant", "content": pick(answer)}]
+    history = [
+        {"role": "user", "content": pick(user)},
+        {"role": "assistant", "content": pick(answer)},
+    ]
     return history, [rng.choice(VOCABULARY) for _ in range(new)]
 
 
@@ -111,14 +115,17 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-async def _cpu_per(stack: BenchStack, work: Any, count: int) -> float:
-    """CPU ms of the stack's processes per unit of `work` (count units)."""
-    pids = stack.pids()
-    before = {n: cpu_seconds(p) for n, p in pids.items() if n != "sim"}
+async def _cpu_per(stack: BenchStack, work: Any) -> tuple[float, float]:
+    """CPU seconds of the stack's processes (the engine's left out) while `work` runs, and
+    the wall seconds it took."""
+    pids = {n: p for n, p in stack.pids().items() if n != "sim"}
+    before = {n: cpu_seconds(p) for n, p in pids.items()}
+    started = time.perf_counter()
     await work
     await asyncio.sleep(1.0)  # usage rows and prefills finish
-    after = {n: cpu_seconds(p) for n, p in pids.items() if n != "sim"}
-    return sum(after[n] - before[n] for n in before) * 1000 / count
+    wall = time.perf_counter() - started
+    after = {n: cpu_seconds(p) for n, p in pids.items()}
+    return sum(after[n] - before[n] for n in before), wall
 
 
 async def cpu_costs(stack: BenchStack, ws: Any, args: argparse.Namespace) -> dict[str, float]:
@@ -130,7 +137,16 @@ async def cpu_costs(stack: BenchStack, ws: Any, args: argparse.Namespace) -> dic
             history, new = conversation(rng, args.words)
             msg = [*history, {"role": "user", "content": " ".join(new)}]
             await ws.send(
-                json.dumps({"type": "chat", "id": f"cpu{i}", "messages": msg, "max_tokens": 4})
+                # The cache off: the cheaper chat (no embedding), so the share is an upper bound.
+                json.dumps(
+                    {
+                        "type": "chat",
+                        "id": f"cpu{i}",
+                        "messages": msg,
+                        "max_tokens": 4,
+                        "cache": False,
+                    }
+                )
             )
             await _first_token(ws, f"cpu{i}")
 
@@ -143,9 +159,20 @@ async def cpu_costs(stack: BenchStack, ws: Any, args: argparse.Namespace) -> dic
             )
             await asyncio.sleep(1.0 / args.draft_rate)
 
-    chat_ms = await _cpu_per(stack, chats(), count)
-    draft_ms = await _cpu_per(stack, drafts(), count)
-    return {"chat_cpu_ms": chat_ms, "draft_cpu_ms": draft_ms, "draft_share": draft_ms / chat_ms}
+    # The stack's own background work (heartbeats, sweeps, pollers) runs in every phase:
+    # measured alone, then taken off each phase for its length.
+    idle_cpu, idle_wall = await _cpu_per(stack, asyncio.sleep(args.idle_s))
+    idle_rate = idle_cpu / idle_wall
+    chat_cpu, chat_wall = await _cpu_per(stack, chats())
+    draft_cpu, draft_wall = await _cpu_per(stack, drafts())
+    chat_ms = (chat_cpu - idle_rate * chat_wall) * 1000 / count
+    draft_ms = (draft_cpu - idle_rate * draft_wall) * 1000 / count
+    return {
+        "idle_cpu_ms_per_s": idle_rate * 1000,
+        "chat_cpu_ms": chat_ms,
+        "draft_cpu_ms": draft_ms,
+        "draft_share": draft_ms / chat_ms,
+    }
 
 
 async def run(stack: BenchStack, args: argparse.Namespace) -> dict[str, Any]:
@@ -153,7 +180,7 @@ async def run(stack: BenchStack, args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
     async with websockets.connect(stack.ws_url, additional_headers=headers, max_size=None) as ws:
-        for i in range(args.warmup):
+        for i in range(args.warmup if args.chats else 0):
             await one_chat(ws, rng, -1 - i, args, drafts=bool(i % 2))
         for i in range(2 * args.chats):
             rows.append(await one_chat(ws, rng, i, args, drafts=bool(i % 2)))
@@ -164,13 +191,13 @@ async def run(stack: BenchStack, args: argparse.Namespace) -> dict[str, Any]:
                     f"  cached {r['cached_prompt_tokens']}/{r['prompt_tokens']}",
                     file=sys.stderr,
                 )
-        result: dict[str, Any] = {
-            "with_drafts": summary([r for r in rows if r["drafts"]]),
-            "without_drafts": summary([r for r in rows if not r["drafts"]]),
-        }
-        result["ttft_ratio_p50"] = (
-            result["with_drafts"]["ttft_p50_ms"] / result["without_drafts"]["ttft_p50_ms"]
-        )
+        result: dict[str, Any] = {}
+        if rows:
+            result["with_drafts"] = summary([r for r in rows if r["drafts"]])
+            result["without_drafts"] = summary([r for r in rows if not r["drafts"]])
+            result["ttft_ratio_p50"] = (
+                result["with_drafts"]["ttft_p50_ms"] / result["without_drafts"]["ttft_p50_ms"]
+            )
         if args.cpu:
             result["cpu"] = await cpu_costs(stack, ws, args)
     return result
@@ -180,8 +207,12 @@ def main() -> int:
     p = argparse.ArgumentParser(
         prog="python bench/prefill_typing.py", description=__doc__.split("\n\n")[0]
     )
-    p.add_argument("--engine", choices=["sim", "url"], default="sim", help="sim: start a "
-                   "sim-server; url: the server at --engine-url (default: %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--engine",
+        choices=["sim", "url"],
+        default="sim",
+        help="sim: start a sim-server; url: the server at --engine-url (default: %(default)s)",
+    )
     p.add_argument("--engine-url", help="an OpenAI-compatible server's /v1 URL (vLLM)")
     p.add_argument("--engine-model", default="sim", help="its model name (default: %(default)s)")
     p.add_argument("--chats", type=int, default=50, help="chats per mode (default: %(default)s)")
@@ -194,6 +225,7 @@ def main() -> int:
     p.add_argument("--ttft-ms", type=float, default=30.0, help="sim base TTFT (default: 30)")
     p.add_argument("--cpu", action="store_true", help="also measure CPU per chat and per draft")
     p.add_argument("--cpu-requests", type=int, default=100, help="requests per CPU phase (100)")
+    p.add_argument("--idle-s", type=float, default=10.0, help="idle phase of --cpu (10 s)")
     p.add_argument("--seed", type=int, default=1, help="conversation words' seed (default: 1)")
     p.add_argument("--json", type=Path, help="write the figures here too")
     p.add_argument("--quiet", action="store_true", help="no line per chat")

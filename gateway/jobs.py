@@ -22,8 +22,8 @@ from typing import Any, Protocol
 from redis.asyncio import Redis
 
 from gateway.admit import admit_chat
-from gateway.drafts import Drafts
 from gateway.auth import Principal
+from gateway.drafts import Drafts
 from gateway.lostchats import LostChat, record_lost_chat
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import Admission, Enqueue, RateLimiter

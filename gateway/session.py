@@ -22,9 +22,9 @@ from gateway.relaystate import RelayState
 from shared.drafts import draft_scope
 from shared.errors import Cancelled, DeadlineExceeded, FirstTokenError, InvalidRequest
 from shared.protocol import (
+    NEW_CONVERSATION,
     CancelFrame,
     ChatFrame,
-    NEW_CONVERSATION,
     DraftFrame,
     PingFrame,
     ResumeFrame,

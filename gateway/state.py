@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.auth import Authenticator
+from gateway.drafts import Drafts
 from gateway.jobs import Feed
 from gateway.limits import ConnectionGuard
 from gateway.liveness import GatewayBeat
@@ -29,7 +30,6 @@ from shared.keys import CHAT_QUEUE, Keys
 from shared.limits import Limits
 from shared.modeltable import ModelTable, model_table
 from shared.redis.client import UNREACHABLE, redis_client, unreachable_as_overloaded
-from gateway.drafts import Drafts
 from shared.redis.pipe import RedisPipe
 from shared.settings import Settings
 

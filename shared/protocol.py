@@ -3,12 +3,12 @@
 Client -> server: ``chat``, ``cancel``, ``resume``, ``ping``, ``draft`` (pydantic models: every
 frame a client sends is validated). A ``draft`` (issue 34) is the message a user is still typing:
 the server prefills its prompt in the engine's prefix cache and never answers it (a malformed
-one gets an ``invalid_draft`` error naming its id; nothing else ends). Server -> client: ``accepted``, ``token``, ``done``, ``error``
-(shared/errors.py, next to its one translator), ``pong``, and the worker -> gateway pub/sub
-chunks. The server builds its frames, so they are TypedDicts: a plain dict at run time (nothing
-is validated per token), checked by mypy where it is built, and validated only where a client
-reads them (:func:`parse_server_frame`). All frames are JSON text objects with a ``type``
-field. This module does no I/O.
+one gets an ``invalid_draft`` error naming its id; nothing else ends). Server -> client:
+``accepted``, ``token``, ``done``, ``error`` (shared/errors.py, next to its one translator),
+``pong``, and the worker -> gateway pub/sub chunks. The server builds its frames, so they are
+TypedDicts: a plain dict at run time (nothing is validated per token), checked by mypy where it
+is built, and validated only where a client reads them (:func:`parse_server_frame`). All
+frames are JSON text objects with a ``type`` field. This module does no I/O.
 
 A chat whose worker died mid-answer and that another worker finished (shared/failover.py) ends
 with a ``done`` holding ``"continued": true``; its ``token`` seqs stay contiguous across the

@@ -67,6 +67,8 @@ async def run_prefill(ctx: WorkerContext, draft: DraftJob) -> str:
     happened ("prefilled", "aborted", "failed", or the verdict that dropped it)."""
     settings, keys = ctx.settings, ctx.keys
     latest = await ctx.redis.get(keys.draft_latest(draft.scope))
+    if isinstance(latest, bytes):  # the worker's client decodes; a raw one would not
+        latest = latest.decode()
     now = time.time()
     verdict = prefill_verdict(
         job_id=draft.job_id,

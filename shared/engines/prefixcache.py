@@ -76,7 +76,6 @@ class PrefixCache:
             self._blocks.popitem(last=False)
 
 
-
 def prefilled_tokens(elapsed_ms: float, to_prefill: int, ms_per_token: float) -> int:
     """Tokens of a prefill done `elapsed_ms` after it started, at `ms_per_token` each (a
     prefill with no cost modelled has no progress to speak of: 0 until it is done)."""

@@ -13,7 +13,9 @@ ships (the same ranks, hash-checked by tiktoken when it loads them).
 
 from __future__ import annotations
 
+import hashlib
 import threading
+from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
@@ -90,19 +92,34 @@ class TiktokenCounter:
 class RememberingCounter:
     """A counter that remembers the counts of recent texts up to ``max_chars``: a chat counts
     its system prompt and question twice (before and after fitting its context), and every chat
-    of a tenant has the same system prompt. Longer texts are counted each time (bounded memory:
-    ``size`` x ``max_chars`` characters at most)."""
+    of a tenant has the same system prompt (bounded memory: ``size`` x ``max_chars`` characters
+    at most). Longer texts are remembered by a digest of the text (``long_size`` of them): the
+    history of a conversation is counted again by each of its drafts and by the chat that
+    follows them (issue 34), and a digest costs a few microseconds where counting such a text
+    costs a millisecond or more."""
 
-    def __init__(self, inner: TokenCounter, *, max_chars: int = 4096, size: int = 1024) -> None:
+    def __init__(
+        self, inner: TokenCounter, *, max_chars: int = 4096, size: int = 1024, long_size: int = 512
+    ) -> None:
         self.name = inner.name
         self._inner = inner
         self._max_chars = max_chars
         self._remembered = lru_cache(maxsize=size)(inner.count)
+        self._long: OrderedDict[bytes, int] = OrderedDict()
+        self._long_size = long_size
 
     def count(self, text: str) -> int:
-        if len(text) > self._max_chars:
-            return self._inner.count(text)
-        return self._remembered(text)
+        if len(text) <= self._max_chars:
+            return self._remembered(text)
+        key = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        known = self._long.get(key)
+        if known is not None:
+            self._long.move_to_end(key)
+            return known
+        counted = self._long[key] = self._inner.count(text)
+        if len(self._long) > self._long_size:
+            self._long.popitem(last=False)
+        return counted
 
     def at_most(self, text: str) -> int | None:
         return self._inner.at_most(text)

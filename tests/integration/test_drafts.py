@@ -13,8 +13,8 @@ import pytest
 import websockets
 from sqlalchemy import select
 
-from shared.db.session import make_engine, make_sessionmaker
 from shared.db.models import UsageEvent
+from shared.db.session import make_engine, make_sessionmaker
 from tests.integration.conftest import Client, Services, Stack, make_stack
 from tests.support import wait_until
 
@@ -37,9 +37,17 @@ def dstack(
         tmp_path_factory.mktemp("draftlogs"),
         # 300 words at 2 ms each: a prefill in flight long enough to be superseded.
         sim_args=(
-            "--ttft-ms", "10", "--itl-ms", "2", "--max-tokens", "8",
-            "--prefill-ms-per-token", "2", "--prefix-cache-tokens", "100000",
-        ),  # fmt: skip
+            "--ttft-ms",
+            "10",
+            "--itl-ms",
+            "2",
+            "--max-tokens",
+            "8",
+            "--prefill-ms-per-token",
+            "2",
+            "--prefix-cache-tokens",
+            "100000",
+        ),
         # Drafts on a loaded 2-core machine may wait; the test is not about their age.
         draft_max_age_s="30",
     ) as s:

@@ -10,9 +10,9 @@ with a chat template, so vLLM's chat endpoint renders prompts as it would for a 
 random weights the text is nonsense, but token counts, streaming and aborts are real.
 
 ``tinymodel.py DIR prefill`` builds the same model larger (4 layers of hidden size 256, about
-3M parameters besides the embeddings) for bench/prefill_typing.py (issue 34): there a 2,000-token prefill takes a
-visible share of the time to first token, as on a real model, where the tiny one's is lost in
-vLLM's per-step overhead.
+3M parameters besides the embeddings) for bench/prefill_typing.py (issue 34): there a
+2,000-token prefill takes a visible share of the time to first token, as on a real model,
+where the tiny one's is lost in vLLM's per-step overhead.
 """
 
 from __future__ import annotations

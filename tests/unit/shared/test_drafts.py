@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from shared.drafts import draft_chat_job, draft_messages, draft_scope, gateway_drops, prefill_verdict
+from shared.drafts import (
+    draft_chat_job,
+    draft_messages,
+    draft_scope,
+    gateway_drops,
+    prefill_verdict,
+)
 from shared.errors import ErrorCode, InvalidDraft, InvalidRequest, error_frame
 from shared.keys import Keys
 from shared.protocol import DraftFrame, Message, frame_id, parse_client_frame

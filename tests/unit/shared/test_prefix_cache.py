@@ -35,9 +35,9 @@ def test_only_full_blocks_are_hashed_and_each_depends_on_all_before_it() -> None
 
 def test_a_prompt_sharing_a_prefix_finds_its_leading_blocks_cached() -> None:
     cache = PrefixCache(10_000)
-    draft = words(100) + ["typing"]
+    draft = [*words(100), "typing"]
     cache.insert(block_hashes(draft))
-    sent = words(100) + ["typing", "done", "now"]
+    sent = [*words(100), "typing", "done", "now"]
     assert cache.cached_tokens(block_hashes(sent), len(sent)) == 96  # 6 whole blocks
     assert cache.cached_tokens(block_hashes(words(100, "x")), 100) == 0
 
@@ -55,9 +55,9 @@ def test_the_least_recently_used_blocks_go_first_when_full() -> None:
     cache.insert(block_hashes(old))
     cache.insert(block_hashes(new))
     assert len(cache) == 4
-    probe = old + ["x"]
+    probe = [*old, "x"]
     assert cache.cached_tokens(block_hashes(probe), len(probe)) == 0  # its first block went
-    probe = new + ["x"]
+    probe = [*new, "x"]
     assert cache.cached_tokens(block_hashes(probe), len(probe)) == 3 * BLOCK_TOKENS
 
 

@@ -129,16 +129,21 @@ def test_tiktoken_fallback_works_offline() -> None:
     assert COUNTER.count("") == 0
 
 
-def test_remembered_counts_equal_the_tokenizers_and_long_texts_are_not_kept() -> None:
+def test_remembered_counts_equal_the_tokenizers_and_long_texts_are_kept_by_digest() -> None:
     from shared.prompt.tokens import RememberingCounter, TiktokenCounter
 
     inner = TiktokenCounter()
     calls: list[str] = []
-    counter = RememberingCounter(_Counting(inner, calls, bound=False), max_chars=100, size=8)
-    short, long = "You are a helpful assistant.", "word " * 50
+    counter = RememberingCounter(
+        _Counting(inner, calls, bound=False), max_chars=100, size=8, long_size=1
+    )
+    short, long, other = "You are a helpful assistant.", "word " * 50, "other " * 50
     assert [counter.count(short) for _ in range(3)] == [inner.count(short)] * 3
     assert [counter.count(long) for _ in range(2)] == [inner.count(long)] * 2
-    assert calls == [short, long, long]  # the short text once, the long one every time
+    assert calls == [short, long]  # each once (issue 34: a draft's history, then the chat's)
+    counter.count(other)  # one long text is kept: `long` goes
+    counter.count(long)
+    assert calls == [short, long, other, long]
     assert counter.name == inner.name
 
 
