@@ -16,8 +16,9 @@ both see the same machine. The TTFT is the client's: send to the first token fra
 
 ``--cpu`` also measures what drafts cost the stack's processes (gateway, chat worker, Redis,
 bulk worker): CPU seconds over a run of chats alone, then over drafts alone at ``--draft-rate``
-(one typing user), each per request, less the stack's idle CPU over the same time (measured
-first, ``--idle-s``). ``--chats 0 --cpu``: only that.
+(``--cpu-users`` typing users, one conversation each), each per request, less the stack's
+idle CPU over the same time (``--idle-s``, measured between the two). ``--chats 0 --cpu``:
+only that.
 """
 
 from __future__ import annotations
@@ -34,7 +35,14 @@ from typing import Any
 
 import websockets
 
-from firsttoken.bench.stack import BenchStack, cpu_seconds, free_port, port_open, wait_for
+from firsttoken.bench.stack import (
+    BenchStack,
+    cpu_seconds,
+    free_port,
+    http_get,
+    port_open,
+    wait_for,
+)
 from firsttoken.bench.stats import percentile
 
 VOCABULARY = [f"w{i}" for i in range(500)]  # tests/vllm/tinymodel.py's words
@@ -128,43 +136,61 @@ async def _cpu_per(stack: BenchStack, work: Any) -> tuple[float, float]:
     return sum(after[n] - before[n] for n in before), wall
 
 
-async def cpu_costs(stack: BenchStack, ws: Any, args: argparse.Namespace) -> dict[str, float]:
-    rng = random.Random(7)
-    count = args.cpu_requests
+def _engine_requests(stack: BenchStack) -> float:
+    """Requests the engine started so far (the sim-server's counter; NaN for another engine)."""
+    if stack.sim_port <= 0:
+        return float("nan")
+    _, text = http_get(f"http://127.0.0.1:{stack.sim_port}/metrics")
+    for line in text.splitlines():
+        if line.startswith("firsttoken_sim_requests_started_total "):
+            return float(line.rsplit(" ", 1)[1])
+    return float("nan")
 
-    async def chats() -> None:
-        for i in range(count):
+
+async def cpu_costs(stack: BenchStack, args: argparse.Namespace) -> dict[str, float]:
+    """CPU per chat and per draft, `--cpu-users` users at once (so the stack's idle CPU is a
+    small part of each phase), each phase `--cpu-requests` requests in all."""
+    rng = random.Random(7)
+    users, each = args.cpu_users, max(1, args.cpu_requests // args.cpu_users)
+    headers = {"Authorization": f"Bearer {stack.api_key}"}
+    sockets = [
+        await websockets.connect(stack.ws_url, additional_headers=headers, max_size=None)
+        for _ in range(users)
+    ]
+
+    async def chats(u: int) -> None:
+        for i in range(each):
             history, new = conversation(rng, args.words)
             msg = [*history, {"role": "user", "content": " ".join(new)}]
-            await ws.send(
-                # The cache off: the cheaper chat (no embedding), so the share is an upper bound.
-                json.dumps(
-                    {
-                        "type": "chat",
-                        "id": f"cpu{i}",
-                        "messages": msg,
-                        "max_tokens": 4,
-                        "cache": False,
-                    }
-                )
-            )
-            await _first_token(ws, f"cpu{i}")
+            # The cache off: the cheaper chat (no embedding), so the share is an upper bound.
+            chat = {"type": "chat", "id": f"cpu{u}-{i}", "messages": msg, "cache": False}
+            await sockets[u].send(json.dumps({**chat, "max_tokens": 4}))
+            await _first_token(sockets[u], f"cpu{u}-{i}")
 
-    async def drafts() -> None:
-        history, new = conversation(rng, args.words)
-        for i in range(count):
+    async def drafts(u: int) -> None:
+        history, new = conversation(rng, args.words)  # one conversation per typing user
+        for i in range(each):
             text = " ".join(new[: 1 + i % len(new)]) + f" {rng.choice(VOCABULARY)}"
-            await ws.send(
-                json.dumps({"type": "draft", "id": f"cd{i}", "messages": history, "text": text})
-            )
+            draft = {"type": "draft", "id": f"cd{u}-{i}", "messages": history, "text": text}
+            await sockets[u].send(json.dumps(draft))
             await asyncio.sleep(1.0 / args.draft_rate)
 
-    # The stack's own background work (heartbeats, sweeps, pollers) runs in every phase:
-    # measured alone, then taken off each phase for its length.
-    idle_cpu, idle_wall = await _cpu_per(stack, asyncio.sleep(args.idle_s))
+    async def all_of(work: Any) -> None:
+        await asyncio.gather(*(work(u) for u in range(users)))
+
+    try:
+        chat_cpu, chat_wall = await _cpu_per(stack, all_of(chats))
+        # The stack's own background work (heartbeats, sweeps, pollers) runs in every phase:
+        # measured alone, once warm, and taken off each phase for its length.
+        idle_cpu, idle_wall = await _cpu_per(stack, asyncio.sleep(args.idle_s))
+        started = _engine_requests(stack)
+        draft_cpu, draft_wall = await _cpu_per(stack, all_of(drafts))
+        prefills = _engine_requests(stack) - started
+    finally:
+        for ws in sockets:
+            await ws.close()
     idle_rate = idle_cpu / idle_wall
-    chat_cpu, chat_wall = await _cpu_per(stack, chats())
-    draft_cpu, draft_wall = await _cpu_per(stack, drafts())
+    count = users * each
     chat_ms = (chat_cpu - idle_rate * chat_wall) * 1000 / count
     draft_ms = (draft_cpu - idle_rate * draft_wall) * 1000 / count
     return {
@@ -172,6 +198,10 @@ async def cpu_costs(stack: BenchStack, ws: Any, args: argparse.Namespace) -> dic
         "chat_cpu_ms": chat_ms,
         "draft_cpu_ms": draft_ms,
         "draft_share": draft_ms / chat_ms,
+        # Drafts that reached the engine (the rest were superseded while queued, or dropped).
+        "drafts_prefilled": prefills,
+        "chat_phase_s": chat_wall,
+        "draft_phase_s": draft_wall,
     }
 
 
@@ -199,7 +229,7 @@ async def run(stack: BenchStack, args: argparse.Namespace) -> dict[str, Any]:
                 result["with_drafts"]["ttft_p50_ms"] / result["without_drafts"]["ttft_p50_ms"]
             )
         if args.cpu:
-            result["cpu"] = await cpu_costs(stack, ws, args)
+            result["cpu"] = await cpu_costs(stack, args)
     return result
 
 
@@ -226,6 +256,7 @@ def main() -> int:
     p.add_argument("--cpu", action="store_true", help="also measure CPU per chat and per draft")
     p.add_argument("--cpu-requests", type=int, default=100, help="requests per CPU phase (100)")
     p.add_argument("--idle-s", type=float, default=10.0, help="idle phase of --cpu (10 s)")
+    p.add_argument("--cpu-users", type=int, default=20, help="users at once in --cpu (20)")
     p.add_argument("--seed", type=int, default=1, help="conversation words' seed (default: 1)")
     p.add_argument("--json", type=Path, help="write the figures here too")
     p.add_argument("--quiet", action="store_true", help="no line per chat")
@@ -242,6 +273,8 @@ def main() -> int:
         "stream_idle_timeout_s": "60",
         "queue_deadline_s": "30",
         "max_frame_bytes": str(4 << 20),
+        # The bench's users share one API key: its draft budget must not be what is measured.
+        "draft_rate_per_s": "100000",
     }
     stack = BenchStack(None, workers=1, settings=settings)
     try:

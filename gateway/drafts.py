@@ -18,9 +18,11 @@ from collections import Counter
 from shared.drafts import (
     ADMIT_DRAFT_LUA,
     DRAFT_RATE_WINDOW_MS,
+    draft_fingerprint,
     draft_messages,
     draft_scope,
     gateway_drops,
+    grew_enough,
 )
 from shared.keys import CHAT_QUEUE, PREFILL_TASK, Keys
 from shared.protocol import DraftFrame
@@ -51,15 +53,21 @@ class Drafts:
         key_id: str,
         connection: str,
         chats_on_connection: int,
+        sent: dict[str, tuple[int, str]],
     ) -> str | None:
         """Queue the draft's prefill unless the gateway drops it; returns its scope (the
-        conversation it coalesces in), None when dropped here."""
+        conversation it coalesces in), None when dropped here. `sent`: the connection's last
+        draft sent per scope (fingerprint, text), updated here."""
         if gateway_drops(
             enabled=self._settings.drafts_enabled, chats_on_connection=chats_on_connection
         ):
             self.outcomes["dropped"] += 1
             return None
         scope = draft_scope(key_id, frame.conversation_id, connection)
+        current = (draft_fingerprint(frame), frame.text)
+        if not grew_enough(sent.get(scope), current, self._settings.draft_min_growth_chars):
+            self.outcomes["too_little"] += 1
+            return None
         job_id = new_id()
         payload = DraftJob(
             job_id=job_id,
@@ -107,6 +115,7 @@ class Drafts:
             reply.cancel()
             self.outcomes["failed"] += 1
             return None
+        sent[scope] = current
         return scope
 
     def forget(self, scope: str) -> None:

@@ -48,7 +48,8 @@ class Session(JobOwner):
         self._out: asyncio.Queue[str | Rest | None] = asyncio.Queue()
         self._writing = False  # the writer task is inside a send
         self.close_code: int | None = None  # set to close the socket once queued frames are out
-        self._drafted: set[str] = set()  # scopes this socket sent drafts in (gateway/drafts.py)
+        # Scope -> (fingerprint, text) of the last draft this socket sent in it (gateway/drafts.py).
+        self._drafted: dict[str, tuple[int, str]] = {}
 
     # --- outbound ---------------------------------------------------------------------
     def send(self, text: str) -> None:
@@ -161,15 +162,14 @@ class Session(JobOwner):
 
     # --- drafts (issue 34): never answered, see shared/drafts.py --------------------------
     def draft(self, frame: DraftFrame) -> None:
-        scope = self.gw.drafts.submit(
+        self.gw.drafts.submit(
             frame,
             tenant_id=self.principal.tenant_id,
             key_id=self.principal.key_id,
             connection=self.connection,
             chats_on_connection=len(self.jobs),
+            sent=self._drafted,
         )
-        if scope is not None:
-            self._drafted.add(scope)
 
     def _forget_drafts(self, conversation_id: str | None) -> None:
         """The user pressed send: this conversation's drafts still queued are stale."""
@@ -177,8 +177,7 @@ class Session(JobOwner):
         if conversation_id == NEW_CONVERSATION:
             conversation_id = None
         scope = draft_scope(self.principal.key_id, conversation_id, self.connection)
-        if scope in self._drafted:
-            self._drafted.discard(scope)
+        if self._drafted.pop(scope, None) is not None:
             self.gw.drafts.forget(scope)
 
     @property

@@ -129,6 +129,13 @@ class Settings(BaseSettings):
         description="Drafts per second one API key may have prefilled (its own budget, apart "
         "from the chat limits); more are dropped without a word.",
     )
+    draft_min_growth_chars: int = Field(
+        48,
+        ge=0,
+        description="A draft whose text only extends the last one sent in its conversation by "
+        "fewer characters is dropped at the gateway (an engine caches whole blocks of 16-128 "
+        "tokens: a word more prefills nothing it keeps). 0: every draft is sent on.",
+    )
     draft_max_age_s: float = Field(
         2.0,
         gt=0,

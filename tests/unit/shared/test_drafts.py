@@ -8,6 +8,8 @@ import pytest
 
 from shared.drafts import (
     draft_chat_job,
+    draft_fingerprint,
+    grew_enough,
     draft_messages,
     draft_scope,
     gateway_drops,
@@ -91,6 +93,29 @@ def test_drafts_coalesce_per_conversation_under_their_key() -> None:
     assert draft_scope("k1", "conv", "gw:1") != draft_scope("k2", "conv", "gw:1")
     # Without a server-kept conversation, a socket is one typing user.
     assert draft_scope("k1", None, "gw:1") != draft_scope("k1", None, "gw:2")
+
+
+def test_a_draft_is_sent_on_only_once_it_adds_enough_to_the_last_one_sent() -> None:
+    assert grew_enough(None, (1, "hello"), 48)  # the first: it prefills the history
+    assert not grew_enough((1, "hello"), (1, "hello world"), 48)  # a word more: nothing kept
+    assert grew_enough((1, "hello"), (1, "hello " + "x" * 48), 48)
+    assert grew_enough((1, "hello there"), (1, "hello"), 48)  # deleted: not an extension
+    assert grew_enough((1, "hello"), (2, "hello world"), 48)  # another history
+    assert grew_enough((1, "hello"), (1, "hello world"), 0)  # 0: every draft
+
+
+def test_a_drafts_fingerprint_is_its_history() -> None:
+    def frame(**kw: object) -> DraftFrame:
+        parsed = parse({"type": "draft", "id": "d", "text": "t", **kw})
+        assert isinstance(parsed, DraftFrame)
+        return parsed
+
+    one = [{"role": "user", "content": "a"}]
+    assert draft_fingerprint(frame(messages=one)) == draft_fingerprint(frame(messages=one))
+    assert draft_fingerprint(frame(messages=one)) != draft_fingerprint(frame(messages=[]))
+    assert draft_fingerprint(frame(conversation_id="a")) != draft_fingerprint(
+        frame(conversation_id="b")
+    )
 
 
 def test_the_gateway_drops_drafts_while_off_or_while_the_connection_streams_a_chat() -> None:
