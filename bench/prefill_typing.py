@@ -170,7 +170,7 @@ async def cpu_costs(stack: BenchStack, args: argparse.Namespace) -> dict[str, fl
     async def drafts(u: int) -> None:
         history, new = conversation(rng, args.words)  # one conversation per typing user
         for i in range(each):
-            text = " ".join(new[: 1 + i % len(new)]) + f" {rng.choice(VOCABULARY)}"
+            text = " ".join(new[: 1 + i % len(new)])  # a word more at each draft, as typed
             draft = {"type": "draft", "id": f"cd{u}-{i}", "messages": history, "text": text}
             await sockets[u].send(json.dumps(draft))
             await asyncio.sleep(1.0 / args.draft_rate)

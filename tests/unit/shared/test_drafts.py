@@ -9,10 +9,10 @@ import pytest
 from shared.drafts import (
     draft_chat_job,
     draft_fingerprint,
-    grew_enough,
     draft_messages,
     draft_scope,
     gateway_drops,
+    grew_enough,
     prefill_verdict,
 )
 from shared.errors import ErrorCode, InvalidDraft, InvalidRequest, error_frame
