@@ -420,4 +420,6 @@ class JobOwner:
             received_at=job.state.received_at,
             first_sent_at=job.state.first_sent_at,
         )
-        self.gw.spawn(record_lost_chat(self.gw.redis, self.gw.keys, self.gw.name, chat))
+        gw = self.gw
+        resend_after_s = gw.settings.usage_resend_after_s
+        gw.spawn(record_lost_chat(gw.redis, gw.keys, gw.name, chat, resend_after_s))

@@ -193,8 +193,17 @@ class Settings(BaseSettings):
         description="A chat worker sends the usage rows of chats that end within this window "
         "as one bulk task (one message, one transaction) instead of one each: the bulk "
         "worker's cost is per task. Each row is in Redis before its chat's `done` is sent "
-        "(workers/usage.py): a worker killed within the window loses none, a bulk worker "
-        "sends them on for it. 0: one task per chat.",
+        "(shared/usage_outbox.py) until a bulk worker has written it: a worker killed within "
+        "the window loses none. 0: one task per chat.",
+    )
+    usage_resend_after_s: float = Field(
+        60.0,
+        gt=0,
+        description="A usage row still unwritten this long after its bulk task was queued (or "
+        "last retried) is queued again by a bulk worker's sweep (shared/usage_outbox.py): the "
+        "task was lost on the way (a bulk worker killed as it took it, a Redis restart). Above "
+        "`bulk_visibility_timeout_s`, so that a task a dead worker held comes back first; the "
+        "write is idempotent, so a resend too early costs a duplicate task, never a row.",
     )
     worker_redis_outage_s: float = Field(
         30.0,
@@ -511,6 +520,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"{ENV_PREFIX}PERSIST_RETRY_BACKOFF_MAX_S must be below "
                 f"{ENV_PREFIX}BULK_VISIBILITY_TIMEOUT_S"
+            )
+        if self.usage_resend_after_s <= self.bulk_visibility_timeout_s:
+            raise ValueError(
+                f"{ENV_PREFIX}USAGE_RESEND_AFTER_S must be above "
+                f"{ENV_PREFIX}BULK_VISIBILITY_TIMEOUT_S: a task a dead bulk worker held comes "
+                "back by itself first"
             )
         if self.max_tokens_default > self.max_tokens_limit:
             raise ValueError(

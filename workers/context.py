@@ -103,7 +103,7 @@ class WorkerContext:
             self._heartbeat_task = asyncio.create_task(self._heartbeat(queues))
             self._tasks.append(self._heartbeat_task)
             # Issue 29: a chat worker stops the chats of dead gateways; a bulk worker sends on
-            # the usage rows of dead chat workers.
+            # usage rows whose task was lost.
             if CHAT_QUEUE in queues:
                 watch = GatewayWatch(
                     self.pipe,
@@ -114,7 +114,9 @@ class WorkerContext:
                 )
                 self._tasks.append(asyncio.create_task(watch.run(), name="gateway-watch"))
             if BULK_QUEUE in queues:
-                sweeper = UsageSweeper(self.pipe, self.keys, self.name)
+                sweeper = UsageSweeper(
+                    self.pipe, self.keys, self.name, self.settings.usage_resend_after_s
+                )
                 self._tasks.append(asyncio.create_task(sweeper.run(), name="usage-sweep"))
 
     async def _listen_cancels(self, pubsub: aioredis.client.PubSub) -> None:

@@ -60,7 +60,13 @@ def open_context(name: str) -> WorkerContext:
         name=name,
         pipe=pipe,
         chunks=pipe.script(SEND_LUA),
-        usage=UsageBatcher(pipe, keys, name, settings.usage_batch_ms / 1000.0),
+        usage=UsageBatcher(
+            pipe,
+            keys,
+            name,
+            settings.usage_batch_ms / 1000.0,
+            resend_after_s=settings.usage_resend_after_s,
+        ),
         leases=JobLeases(pipe, keys.worker_jobs(name), settings.replay_ttl_s),
     )
 

@@ -191,6 +191,44 @@ async def test_chat_worker_killed_every_done_chat_has_its_usage_row(
         assert done and len(chats.done()) == len(done)
 
 
+async def test_bulk_tasks_lost_on_the_way_are_sent_again_and_their_rows_land_once(
+    services: Services, migrated: str, tmp_path: Path
+) -> None:
+    """The bulk tasks of 10 done chats vanish from the queue before any bulk worker ran them
+    (as when kombu takes a message off the list and its worker is killed before it records it
+    as unacked): their rows wait in the usage outbox, a bulk worker's sweep queues them again
+    once due, each lands once, and the outbox is empty after."""
+    _needs_postgres(services)
+    quick = {
+        "bulk_visibility_timeout_s": "5",
+        "persist_retry_backoff_max_s": "2",
+        "usage_resend_after_s": "6",
+    }
+    with make_stack(services, migrated, tmp_path, bulk=False, **quick) as stack:
+        stack.wait_ready()
+        stack.wait_worker("chat0")
+        ws = await _open(stack)
+        try:
+            chats = Chats(ws)
+            await chats.start(10, lambda i: 4)
+            await chats.read(Chats.all_ended, 30)
+        finally:
+            await ws.close()
+        assert chats.ends() == {"done": 10}, chats.ends()
+        keys = Keys(stack.prefix)
+        with stack.redis() as admin:
+            wait_until(lambda: admin.llen(keys.queue_list(BULK_QUEUE)) > 0, 10, what="tasks")
+            admin.delete(keys.queue_list(BULK_QUEUE))  # lost on the way
+            assert admin.hlen(keys.usage_rows) == 10
+        stack.start_worker("bulk", "bulk")
+        jobs = [c.job_id for c in chats.done()]
+        waited = await wait_rows(stack.services.database_url, jobs, 30)
+        print(f"\nlost bulk tasks: all {len(jobs)} rows {waited:.1f}s after a bulk worker started")
+        with stack.redis() as admin:
+            wait_until(lambda: admin.hlen(keys.usage_rows) == 0, 10, what="the outbox emptied")
+            assert admin.zcard(keys.usage_due) == 0
+
+
 REDIS_AOF = ("--appendonly", "yes", "--appendfsync", "always")
 
 
