@@ -64,6 +64,7 @@ def record(ctx: WorkerContext, job: ChatJob, points: dict[str, float], outcome: 
         **analytics_fields(ctx.models, job, outcome),
     )
     ctx.usage.add(usage)
+    ctx.load.ended(outcome.finish_reason)
     keep_text = ctx.settings.store_text or outcome.conversation_id is not None
     if not keep_text or outcome.status != "ok":
         return
