@@ -145,11 +145,11 @@ def as_table(snapshot: Snapshot) -> str:
         lines.append("")
     else:
         lines.append("no worker has sent a heartbeat (is FIRSTTOKEN_REDIS_PREFIX right?)")
-    for queue, row in summary(snapshot).items():
-        stale = row["workers"] - row["alive"]
-        text = f"{queue}: {row['alive']} alive"
+    for queue, totals in summary(snapshot).items():
+        stale = totals["workers"] - totals["alive"]
+        text = f"{queue}: {totals['alive']} alive"
         text += f", {stale} stale" if stale else ""
-        text += f"; {row['in_flight']}/{row['capacity']} in flight" if row["alive"] else ""
+        text += f"; {totals['in_flight']}/{totals['capacity']} in flight" if totals["alive"] else ""
         lines.append(text)
     lines.append(f"(stale: no heartbeat for over {snapshot.lost_s:g}s)")
     return "\n".join(lines)

@@ -51,8 +51,11 @@ class WorkerLoad:
 class ChatReader(Protocol):
     """The chat pool's reader (workers/consumer.py QueueConsumer), as far as it is probed."""
 
-    running: Sized
-    concurrency: int
+    @property
+    def running(self) -> Sized: ...
+
+    @property
+    def concurrency(self) -> int: ...
 
 
 def chat_pool_probe(reader: ChatReader) -> Probe:
