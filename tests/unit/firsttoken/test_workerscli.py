@@ -77,3 +77,23 @@ def test_the_table_marks_the_stale_worker_and_sums_each_queue() -> None:
 def test_no_worker_at_all_says_so_and_hints_at_the_prefix() -> None:
     table = as_table(Snapshot(NOW, 2.0, ()))
     assert "no worker has sent a heartbeat" in table and "chat: 0 alive" in table
+
+
+def test_redis_out_of_reach_exits_1_saying_which_setting_to_check() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.support import ROOT, free_port
+
+    env = {**os.environ, "FIRSTTOKEN_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "firsttoken", "workers"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "Redis cannot be reached" in proc.stderr and "FIRSTTOKEN_REDIS_URL" in proc.stderr
