@@ -179,3 +179,64 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_accepts_the_alerts_and_the_scrape_config(args: tuple[str, ...]) -> None:
     proc = promtool(*args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _busy_series(query: str) -> tuple[list[dict[str, str]], float]:
+    """Input series under which `query` has a known value: a queue whose every task waited
+    between 0.1 and 0.5 s (p95 0.48 s), or chat slots half taken."""
+    if "firsttoken_queue_wait_seconds" in series(query):
+        (queue,) = re.findall(r'queue="([a-z]+)"', query)
+        name = "firsttoken_queue_wait_seconds_bucket"
+        return [
+            {"series": f'{name}{{queue="{queue}",le="0.1"}}', "values": "0+0x20"},
+            {"series": f'{name}{{queue="{queue}",le="0.5"}}', "values": "0+60x20"},
+            {"series": f'{name}{{queue="{queue}",le="+Inf"}}', "values": "0+60x20"},
+        ], 0.48
+    assert series(query) == {"firsttoken_worker_chats_in_flight", "firsttoken_worker_capacity"}
+    return [
+        {"series": 'firsttoken_worker_chats_in_flight{instance="a"}', "values": "128x20"},
+        {"series": 'firsttoken_worker_capacity{instance="a"}', "values": "256x20"},
+    ], 0.5
+
+
+def _idle_series(query: str) -> list[dict[str, str]]:
+    """Series of a pool with nothing to do: buckets that stopped moving (quantile NaN)."""
+    if "firsttoken_queue_wait_seconds" not in series(query):
+        return [{"series": 'firsttoken_worker_capacity{instance="a"}', "values": "256x20"}]
+    (queue,) = re.findall(r'queue="([a-z]+)"', query)
+    name = "firsttoken_queue_wait_seconds_bucket"
+    return [
+        {"series": f'{name}{{queue="{queue}",le="0.1"}}', "values": "5x20"},
+        {"series": f'{name}{{queue="{queue}",le="+Inf"}}', "values": "5x20"},
+    ]
+
+
+def test_every_keda_query_evaluates_to_a_number_busy_idle_or_without_series(
+    tmp_path: Path,
+) -> None:
+    """Prometheus itself (`promtool test rules`) evaluates each ScaledObject's query: its
+    value under load, and 0, never NaN or nothing (which KEDA reads as an error), when the
+    pool is idle or its series do not exist yet."""
+    tests = []
+    for scaled in scaled_objects():
+        for trigger in triggers(scaled, "prometheus"):
+            query = trigger["metadata"]["query"]
+            busy, value = _busy_series(query)
+            for input_series, expected in ((busy, value), (_idle_series(query), 0), ([], 0)):
+                tests.append(
+                    {
+                        "interval": "1m",
+                        "input_series": input_series,
+                        "promql_expr_test": [
+                            {
+                                "expr": query,
+                                "eval_time": "10m",
+                                "exp_samples": [{"labels": "{}", "value": expected}],
+                            }
+                        ],
+                    }
+                )
+    path = tmp_path / "keda.test.yml"
+    path.write_text(yaml.safe_dump({"evaluation_interval": "1m", "tests": tests}))
+    proc = promtool("test", "rules", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
