@@ -75,6 +75,19 @@ class Keys:
         """Sorted set: worker name -> last heartbeat (unix seconds)."""
         return f"{self.prefix}:workers:{queue}"
 
+    def worker_status(self, worker: str) -> str:
+        """String (JSON, shared/workerstatus.py): a worker process's host, pid, queues and load
+        as of its last heartbeat, written by that beat; expires `worker_status_ttl_s` after it,
+        so a dead worker shows as stale in `firsttoken workers` for a while, then goes."""
+        return f"{self.prefix}:worker:{worker}"
+
+    @property
+    def worker_statuses(self) -> str:
+        """Sorted set: worker name -> last heartbeat (unix s) of every `worker_status` record,
+        the index `firsttoken workers` reads (a lost chat worker leaves `worker_heartbeats` once
+        its chats are taken over, but is still shown here); trimmed by each beat."""
+        return f"{self.prefix}:workerindex"
+
     @property
     def gateways(self) -> str:
         """Sorted set: gateway process name -> last heartbeat (Redis time, ms); a chat worker

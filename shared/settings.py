@@ -157,6 +157,14 @@ class Settings(BaseSettings):
         "machine is no death).",
     )
 
+    worker_status_ttl_s: float = Field(
+        600.0,
+        gt=0,
+        description="How long a worker's status record (host, pid, load: what `firsttoken "
+        "workers` lists) outlives its last heartbeat: a worker killed without a goodbye shows "
+        "as stale that long, then drops out of the list.",
+    )
+
     # --- worker ---------------------------------------------------------------------------
     chat_concurrency: int = Field(
         256, ge=1, description="Concurrent chats per chat worker process."

@@ -117,12 +117,14 @@ def _start_process(sender: Any = None, **_: Any) -> None:
     """Before any task or bootstep: the loop, Redis, the cancel listener (workers/lifecycle.py)."""
     from shared.logs import hold_content_loggers
     from workers.lifecycle import lifecycle
+    from workers.load import celery_pool_probe
 
     # Before the pool exists: it decides once, at its start, whether to log task bodies.
     hold_content_loggers()
 
     queues = tuple(sorted(app.amqp.queues.consume_from or app.amqp.queues))
-    lifecycle.start(getattr(sender, "hostname", None) or "worker", queues)
+    probe = celery_pool_probe(sender) if sender is not None else None
+    lifecycle.start(getattr(sender, "hostname", None) or "worker", queues, probe)
 
 
 @worker_shutdown.connect

@@ -51,6 +51,7 @@ from workers.consumer import QueueConsumer, chat_consumer
 from workers.context import WorkerContext
 from workers.deferred import deferred
 from workers.lifecycle import lifecycle
+from workers.load import chat_pool_probe
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +151,7 @@ class ChatPool(bootsteps.StartStopStep):  # type: ignore[misc]  # celery: no ann
                 after_read=deferred.after_read,
                 events=events,
             )
+            ctx.load.watch(chat_pool_probe(self.reader))  # what the heartbeat reports
             self._reading = asyncio.create_task(self.reader.run(), name="chat-queue-reader")
             self._keeping = asyncio.create_task(start_failover(ctx).run(), name="lease-keeper")
 

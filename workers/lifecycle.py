@@ -32,6 +32,7 @@ from workers.cache_stage import close_stage
 from workers.context import WorkerContext
 from workers.db import close_database
 from workers.failover import JobLeases
+from workers.load import Probe
 from workers.publish import SEND_LUA
 from workers.runtime import LoopRunner, runner
 from workers.usage import UsageBatcher
@@ -80,6 +81,9 @@ class WorkerLifecycle:
         self.queues: tuple[str, ...] = ()
         self._context: WorkerContext | None = None
         self._opening: asyncio.Lock | None = None
+        # A thread pool's load (workers/load.py), read by the heartbeat; a chat worker's comes
+        # from its chat pool instead (workers/chatpool.py).
+        self._probe: Probe | None = None
 
     @property
     def chat(self) -> bool:
@@ -105,6 +109,8 @@ class WorkerLifecycle:
                 ctx = open_context(self.name)
                 await ctx.open()
                 await ctx.start_cancel_listener()
+                if self._probe is not None and not self.chat:
+                    ctx.load.watch(self._probe)
                 if not self.chat:
                     ctx.start_heartbeat(self.queues)
                 self._context = ctx
@@ -134,8 +140,12 @@ class WorkerLifecycle:
 
     # -- from a Celery thread -----------------------------------------------------------
 
-    def start(self, name: str, queues: tuple[str, ...]) -> WorkerContext:
-        """Start the loop and :meth:`open` on it; returns once both are up."""
+    def start(
+        self, name: str, queues: tuple[str, ...], probe: Probe | None = None
+    ) -> WorkerContext:
+        """Start the loop and :meth:`open` on it; returns once both are up. `probe`: the
+        Celery pool's load, for the heartbeat of a worker without the chat queue."""
+        self._probe = probe
         return self.runner.run(self.open(name, queues))
 
     def stop(self, grace_s: float) -> None:

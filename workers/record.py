@@ -71,6 +71,7 @@ def record(ctx: WorkerContext, job: ChatJob, points: dict[str, float], outcome: 
         ctx.pipe.send((b"ZREM", ctx.keys.key_streams(job.key_id).encode(), job.job_id.encode()))
     except ConnectionError:
         pass  # the lease expires on its own
+    ctx.load.ended(outcome.finish_reason)
     keep_text = ctx.settings.store_text or outcome.conversation_id is not None
     if not keep_text or outcome.status != "ok":
         return
