@@ -201,9 +201,8 @@ class ChatRun:
         trace = None
         if tracing.on:  # the queue wait span, current for the chat's stages (their parent)
             trace = tracing.queue_wait(
-                job.traceparent, job.tracestate, job.enqueued_at, self.points["worker_start"],
-                worker=self.ctx.name, takeover=self.takeover is not None,
-            )  # fmt: skip
+                job, self.points["worker_start"], self.ctx.name, self.takeover is not None
+            )
         if not await self._admit():
             return
         self._task = asyncio.current_task()

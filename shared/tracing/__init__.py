@@ -33,6 +33,7 @@ from shared.tracing.context import TraceHeaders
 if TYPE_CHECKING:
     from shared.retrieval import SourceResult
     from shared.settings import Settings
+    from shared.tasks import ChatJob
 
 __all__ = [
     "ChatTrace",
@@ -171,12 +172,11 @@ def chat_trace(client: TraceHeaders | None, received: float, door: str) -> ChatT
     return trace
 
 
-def queue_wait(traceparent: str | None, tracestate: str | None, enqueued: float, started: float,
-               **attributes: str | bool) -> object:  # fmt: skip
-    """The chat worker's queue wait span (from the task message's context), made the current
-    span of the chat's task: its stages' spans hang under it. Returns what :func:`detach`
-    takes."""
-    return _impl.queue_wait(traceparent, tracestate, enqueued, started, attributes)
+def queue_wait(job: ChatJob, started: float, worker: str, takeover: bool) -> object:
+    """The chat worker's queue wait span (enqueued -> `started`, continuing the task message's
+    context), made the current span of the chat's task: its stages' spans hang under it.
+    Returns what :func:`detach` takes."""
+    return _impl.queue_wait(job, started, worker, takeover)
 
 
 def detach(token: object) -> None:

@@ -37,6 +37,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from shared.errors import FirstTokenError
 from shared.retrieval import SourceResult
+from shared.tasks import ChatJob
 from shared.tracing.context import TraceHeaders, format_traceparent
 
 _provider: TracerProvider | None = None
@@ -179,19 +180,17 @@ class ChatTraceImpl:
         span.end(end_time=_ns(now))
 
 
-def queue_wait(
-    traceparent: str | None,
-    tracestate: str | None,
-    enqueued: float,
-    started: float,
-    attributes: Mapping[str, Any],
-) -> object:
+def queue_wait(job: ChatJob, started: float, worker: str, takeover: bool) -> object:
     span = _tracer_().start_span(
         "queue wait",
-        context=_extract(traceparent, tracestate),
+        context=_extract(job.traceparent, job.tracestate),
         kind=SpanKind.CONSUMER,
-        attributes=attributes,
-        start_time=_ns(enqueued),
+        attributes={
+            "firsttoken.job_id": job.job_id,
+            "firsttoken.worker": worker,
+            "firsttoken.takeover": takeover,
+        },
+        start_time=_ns(job.enqueued_at),
     )
     span.end(end_time=_ns(started))
     return otel_context.attach(set_span_in_context(span))
