@@ -68,7 +68,7 @@ async def run_source(source: Source, query: Query) -> SourceResult:
         log.warning("retrieval source %s failed: %s", source.name, exc)
         result = SourceResult(source.name, "error", _since(start), error=type(exc).__name__)
     if tracing.on:
-        tracing.source_span(result, cached=False)
+        tracing.source_span(result.name, result.status, result.ms, result.error, cached=False)
     return result
 
 
@@ -106,7 +106,7 @@ def _answer_at_once(source: Source, query: Query) -> SourceResult | None:
         return None
     result = SourceResult(source.name, "ok", _since(start), value=hit[0])
     if tracing.on:
-        tracing.source_span(result, cached=True)
+        tracing.source_span(result.name, result.status, result.ms, None, cached=True)
     return result
 
 

@@ -31,7 +31,6 @@ from shared.errors import ConfigError
 from shared.tracing.context import TraceHeaders
 
 if TYPE_CHECKING:
-    from shared.retrieval import SourceResult
     from shared.settings import Settings
     from shared.tasks import ChatJob
 
@@ -205,6 +204,7 @@ def server_span(client: TraceHeaders | None, name: str, **attributes: str | int)
     return result
 
 
-def source_span(result: SourceResult, *, cached: bool) -> None:
-    """One retrieval source's span, ending now and as long as the source took."""
-    _impl.source_span(result, cached)
+def source_span(name: str, status: str, ms: float, error: str | None, *, cached: bool) -> None:
+    """One retrieval source's span (shared/retrieval's SourceResult), ending now and as long
+    as the source took."""
+    _impl.source_span(name, status, ms, error, cached)

@@ -36,7 +36,6 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from shared.errors import FirstTokenError
-from shared.retrieval import SourceResult
 from shared.tasks import ChatJob
 from shared.tracing.context import TraceHeaders, format_traceparent
 
@@ -200,18 +199,18 @@ def detach(token: object) -> None:
     otel_context.detach(token)  # type: ignore[arg-type]
 
 
-def source_span(result: SourceResult, cached: bool) -> None:
+def source_span(name: str, status: str, ms: float, error: str | None, cached: bool) -> None:
     end = time.time_ns()
     span = _tracer_().start_span(
-        f"retrieval.{result.name}",
+        f"retrieval.{name}",
         attributes={
-            "firsttoken.retrieval.source": result.name,
-            "firsttoken.retrieval.status": result.status,
+            "firsttoken.retrieval.source": name,
+            "firsttoken.retrieval.status": status,
             "firsttoken.retrieval.cached": cached,
         },
-        start_time=end - int(result.ms * 1e6),
+        start_time=end - int(ms * 1e6),
     )
-    if not result.ok:
-        span.set_attribute("error.type", result.error or result.status)
-        span.set_status(Status(StatusCode.ERROR, result.status))
+    if status != "ok":
+        span.set_attribute("error.type", error or status)
+        span.set_status(Status(StatusCode.ERROR, status))
     span.end(end_time=end)
