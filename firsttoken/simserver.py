@@ -595,6 +595,10 @@ def main(argv: list[str] | None = None) -> int:
             malformed_after=args.malformed_after,
             drop_after=args.drop_after,
         )
+        endpoint = tracing.traces_endpoint(args.otlp_traces_endpoint, os.environ)
+        if endpoint is not None:
+            name = f"sim-server@{args.host}:{args.port}"
+            tracing.enable(endpoint, "firsttoken-sim-server", name)
     except (ConfigError, ValueError) as exc:
         print(f"firsttoken sim-server: {exc}", file=sys.stderr)
         return 2
@@ -603,9 +607,6 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
         flush=True,
     )
-    endpoint = tracing.traces_endpoint(args.otlp_traces_endpoint, os.environ)
-    if endpoint is not None:
-        tracing.enable(endpoint, "firsttoken-sim-server", f"sim-server@{args.host}:{args.port}")
     uvicorn.run(
         create_app(options, args.model, faults, freeze_heap=True),
         host=args.host,
