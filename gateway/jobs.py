@@ -28,6 +28,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import Admission, Enqueue, RateLimiter
 from gateway.relay import Relay
 from gateway.relaystate import Followers, RelayState, Step
+from shared import tracing
 from shared.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -44,6 +45,7 @@ from shared.protocol import ChatFrame, dumps
 from shared.redis.pubsub import Handler
 from shared.settings import Settings
 from shared.tasks import ChatJob, new_id, task_message
+from shared.tracing.context import chosen
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +137,14 @@ class Feed:
 class Job:
     """A chat a door is relaying: one client following one job."""
 
-    __slots__ = ("deadline_at", "feed", "owner", "state")
+    __slots__ = ("deadline_at", "feed", "owner", "state", "trace")
 
     def __init__(self, owner: JobOwner, feed: Feed, state: RelayState, deadline_at: float):
         self.owner = owner
         self.feed = feed
         self.state = state
         self.deadline_at = deadline_at
+        self.trace: tracing.ChatTrace | None = None  # the chat's spans, while tracing is on
 
     @property
     def job_id(self) -> str:
@@ -155,11 +158,15 @@ class JobOwner:
     """One client's running chats (a websocket connection, or one HTTP request) and
     everything that happens to them between admission and settlement."""
 
+    door = "websocket"  # which door its chats came in by (their traces say)
+
     def __init__(self, gw: SessionHost, principal: Principal) -> None:
         self.gw = gw
         self.principal = principal
         self.jobs: dict[str, Job] = {}
         self.last_active = time.monotonic()
+        # The trace context of the client's request headers (set by a door, tracing on).
+        self.client_trace: tracing.TraceHeaders | None = None
 
     # --- what a door provides ---------------------------------------------------------
     def send(self, text: str) -> None:
@@ -190,6 +197,12 @@ class JobOwner:
                 "no chat worker is running; start one with `firsttoken worker --queues chat`",
                 retry_after_ms=max(1000, int(settings.worker_heartbeat_s * 1000)),
             )
+        # From here on a refusal (the limiter's) is on the admission span; one before (the
+        # frame's rules, no worker) has no span.
+        trace = None
+        if tracing.on:
+            client = chosen(frame.traceparent, frame.tracestate, self.client_trace)
+            trace = tracing.chat_trace(client, received, self.door)
         job_id = new_id()
         feed = Feed(job_id, gw.keys.job_channel(job_id))
         feed.model = frame.model or gw.models.default
@@ -218,6 +231,8 @@ class JobOwner:
                 received_at=received,
                 enqueued_at=enqueued,
                 deadline_at=job.deadline_at,
+                traceparent=None if trace is None else trace.traceparent,
+                tracestate=None if trace is None else trace.tracestate,
             )
             message = task_message(
                 CHAT_TASK,
@@ -245,7 +260,9 @@ class JobOwner:
                 ),
             )
             feed.admission = admission
-        except BaseException:
+        except BaseException as exc:
+            if trace is not None:
+                trace.failed(exc)
             self.jobs.pop(frame.id, None)
             gw.relay.unsubscribe(feed.channel)
             if admission is not None:
@@ -253,6 +270,9 @@ class JobOwner:
             raise
         gw.feeds[job_id] = feed
         gw.chat_started()
+        if trace is not None:
+            trace.admitted(job_id)
+            job.trace = trace
         return job, conversation_id
 
     def apply(self, job: Job, step: Step) -> None:
@@ -322,6 +342,9 @@ class JobOwner:
             del self.jobs[job.state.chat_id]
         job.state.finished = True
         self.last_active = time.monotonic()  # idle time counts from the last chat's end too
+        if job.trace is not None:  # once: every end path passes here, some twice
+            job.trace.relayed(job.state.first_sent_at, job.state.next_seq, ended)
+            job.trace = None
         feed, gw = job.feed, self.gw
         leave = feed.followers.leave(job, ended=ended)
         if leave is None:

@@ -19,6 +19,7 @@ from gateway.auth import Principal
 from gateway.eager import Rest, start_eagerly
 from gateway.jobs import Job, JobOwner, SessionHost
 from gateway.relaystate import RelayState
+from shared import tracing
 from shared.errors import Cancelled, DeadlineExceeded, FirstTokenError, InvalidRequest
 from shared.protocol import (
     CancelFrame,
@@ -31,6 +32,7 @@ from shared.protocol import (
     parse_client_frame,
 )
 from shared.redis.client import unreachable_as_overloaded
+from shared.tracing.context import from_headers
 
 __all__ = ["Job", "Session", "SessionHost"]
 
@@ -45,6 +47,8 @@ class Session(JobOwner):
         self._out: asyncio.Queue[str | Rest | None] = asyncio.Queue()
         self._writing = False  # the writer task is inside a send
         self.close_code: int | None = None  # set to close the socket once queued frames are out
+        if tracing.on:  # the upgrade request's trace context, for every chat of the socket
+            self.client_trace = from_headers(ws.headers)
 
     # --- outbound ---------------------------------------------------------------------
     def send(self, text: str) -> None:

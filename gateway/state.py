@@ -22,6 +22,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter
 from gateway.relay import Relay
 from gateway.session import Session
+from shared import tracing
 from shared.db.session import make_engine, make_sessionmaker
 from shared.errors import Unauthorized
 from shared.heap import FirstUse
@@ -105,6 +106,7 @@ class Gateway:
         task.add_done_callback(self._background.discard)
 
     async def start(self) -> None:
+        tracing.configure(self.settings, "firsttoken-gateway", self.name)
         await self.pipe.start()
         await self.relay.start()
         await self.relay.subscribe_confirmed(self.keys.key_events, self._on_key_event)
@@ -145,6 +147,7 @@ class Gateway:
         await self.pipe.close()
         await self.redis.aclose()
         await self.db.dispose()
+        tracing.shutdown()
 
     async def chat_workers(self) -> int:
         """Chat workers with a fresh heartbeat, as counted within the last heartbeat interval

@@ -501,6 +501,15 @@ class Settings(BaseSettings):
         "model (default: shared/routing.py's English and Chinese list).",
     )
 
+    # --- traces (issue 32; docs/operations.md "Traces") ---
+    otlp_traces_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP URL the spans of each chat go to (e.g. "
+        "http://collector:4318/v1/traces). Unset: traces are on only when "
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT is set, else off "
+        "(no OpenTelemetry import, no cost). Needs the `otel` extra.",
+    )
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO",
         description="Log level of the gateway's own loggers (a worker's is `firsttoken worker "

@@ -24,6 +24,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 
+from shared import tracing
 from shared.keys import CHAT_QUEUE, Keys
 from shared.redis.client import redis_client
 from shared.redis.pipe import RedisPipe
@@ -95,6 +96,7 @@ class WorkerLifecycle:
     async def open(self, name: str, queues: tuple[str, ...]) -> WorkerContext:
         """Redis, the cancel listener, and (not a chat worker) the heartbeat."""
         self.name, self.queues = name, queues
+        tracing.configure(get_settings(), "firsttoken-worker", name)
         return await self.context()
 
     async def context(self) -> WorkerContext:
@@ -137,6 +139,7 @@ class WorkerLifecycle:
         if ctx is not None:
             await ctx.close()
         await close_database()
+        tracing.shutdown()
 
     # -- from a Celery thread -----------------------------------------------------------
 
