@@ -45,13 +45,19 @@ _TYPO_RATIO = 0.8
 _TYPO_MIN_LEN = 4
 # A small edit: one differing span of at most this many words on either side.
 _SMALL_SPAN = 2
+# Content words compared per question: the alignment is quadratic, and a 100k-character
+# question must not cost a lookup more than a short one (questions are far shorter).
+MAX_TOKENS = 64
 
 
 def content_tokens(text: str) -> list[str]:
-    """The question's content words in order (Chinese: its content characters), crudely
-    stemmed so that "index fund" and "index funds" agree."""
-    out = []
-    for token in _TOKEN.findall(canonical(text)):
+    """The question's first MAX_TOKENS content words in order (Chinese: its content
+    characters), crudely stemmed so that "index fund" and "index funds" agree."""
+    out: list[str] = []
+    for match in _TOKEN.finditer(canonical(text)):
+        if len(out) >= MAX_TOKENS:
+            break
+        token = match.group()
         if has_cjk(token):
             if token in _ZH_FUNCTION:
                 continue
