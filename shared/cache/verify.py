@@ -4,17 +4,20 @@ On the evaluation sets (issue 28) the traps that pass every guard are nearly all
 edits*: one short span of an otherwise identical question is replaced, added or dropped
 ("brown rice" / "wild rice", "vegetarian lasagna" / "meat lasagna", "speed up" / "slow
 down", "... while breastfeeding" dropped). Their cosine is as high as a paraphrase's. A
-paraphrase written by someone else rewords broadly ("How tall is Mount Everest?" / "What is
-the height of Mount Everest?") and MiniLM scores it 0.7-0.9, below any threshold safe for the
+paraphrase written by someone else rewords broadly ("Why is the sky blue?" / "What makes the
+sky look blue during the day?") and MiniLM scores it 0.7-0.9, below any threshold safe for the
 small edits. So the score a threshold is compared with is
 
-    verified = cosine + REWORD_BONUS * (1 - jaccard) - SMALL_EDIT_PENALTY * small_edit
+    verified = cosine - SMALL_EDIT_PENALTY                 for a small edit
+    verified = cosine + REWORD_BONUS * (1 - jaccard)       otherwise
 
 over the questions' content words (stop words dropped, a typo folded into the word it
-misspells): a broad rewording is trusted more, a one-span edit less. The two weights were
-chosen on the dev and validation sets (a grid, the same weights best at the risks 1%, 2% and
-5%); the threshold for an operator's risk comes from its own calibration table
-(``<embedder>+overlap`` in shared/cache/calibrated.py). The guards still veto first. Pure, no
+misspells): a broad rewording is trusted more, a one-span edit less. A short question whose
+one content word is replaced shares nothing, yet is a small edit, never a rewording ("Is it
+open?" / "Is it closed?"). The two weights were chosen on the dev and validation sets (a 3x3
+grid; served at 1%, 2% and 5% risk varies by a few pairs around these); the threshold for
+an operator's risk comes from its own calibration table (``<embedder>+overlap`` in
+shared/cache/calibrated.py). The guards still veto first. Pure, no
 model: it costs tens of microseconds a candidate.
 """
 
@@ -88,7 +91,7 @@ def _fold_typos(a: list[str], b: list[str]) -> list[str]:
 @dataclass(frozen=True, slots=True)
 class Shape:
     jaccard: float  # shared content words / all content words of the two
-    small_edit: bool  # one short span differs, at least one content word is shared
+    small_edit: bool  # one span of at most _SMALL_SPAN words differs (the rest, if any, agrees)
 
 
 def shape(a: str, b: str) -> Shape:
@@ -102,14 +105,16 @@ def shape(a: str, b: str) -> Shape:
         if op[0] != "equal"
     ]
     widest = max((max(i2 - i1, j2 - j1) for _, i1, i2, j1, j2 in spans), default=0)
-    small = len(spans) == 1 and widest <= _SMALL_SPAN and bool(sa & sb)
+    small = len(spans) == 1 and widest <= _SMALL_SPAN
     return Shape(jaccard, small)
 
 
 def verified_score(score: float, a: str, b: str) -> float:
     """The cosine ``score`` of questions ``a`` and ``b`` adjusted by the shape of their edit."""
     s = shape(a, b)
-    return score + REWORD_BONUS * (1.0 - s.jaccard) - SMALL_EDIT_PENALTY * float(s.small_edit)
+    if s.small_edit:
+        return score - SMALL_EDIT_PENALTY
+    return score + REWORD_BONUS * (1.0 - s.jaccard)
 
 
 def table_key(embedder: str, verifier: str) -> str:
