@@ -332,6 +332,13 @@ class Settings(BaseSettings):
         description="Least cosine similarity of two questions for a hit; set, it overrides "
         "the threshold chosen from cache_max_error_rate.",
     )
+    cache_verifier: Literal["overlap", "none"] = Field(
+        "overlap",
+        description="How a cached question's similarity is judged: overlap (the cosine "
+        "raised for a broad rewording, lowered for a one-span edit such as another product or "
+        "a dropped condition; shared/cache/verify.py) or none (the cosine alone). Each has its "
+        "own calibration for cache_max_error_rate.",
+    )
     cache_context_threshold: float | None = Field(
         None,
         gt=0,

@@ -17,10 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from shared.cache.calibrated import CALIBRATION
-from shared.cache.calibration import threshold_for
+from shared.cache.calibration import choose, threshold_for
 from shared.cache.index import Vector
 from shared.cache.policy import Policy, Query, judge, servable, storable
 from shared.cache.store import CacheStore, NewEntry, StoredAnswer
+from shared.cache.verify import table_key
 from shared.embeddings.base import Embedder
 from shared.embeddings.factory import make_embedder
 from shared.protocol import done_chunk
@@ -48,14 +49,23 @@ def policy_from(settings: Settings, embedder: str) -> Policy:
     """The cache policy of these settings for vectors of model ``embedder``: the threshold is
     the one set, else the one its calibration gives for the operator's risk."""
     threshold = settings.cache_threshold
+    verifier = settings.cache_verifier
     if threshold is None:
-        threshold = threshold_for(CALIBRATION, embedder, settings.cache_max_error_rate)
+        table = CALIBRATION.get(table_key(embedder, verifier), ())
+        if choose(table, settings.cache_max_error_rate) is None:
+            # No calibrated verified threshold meets the risk: the plain cosine at its
+            # strictest (a verified score is not on that scale).
+            verifier = "none"
+        threshold = threshold_for(
+            CALIBRATION, table_key(embedder, verifier), settings.cache_max_error_rate
+        )
     return Policy(
         threshold=threshold,
         context_threshold=settings.cache_context_threshold,
         context_messages=settings.cache_context_messages,
         max_temperature=settings.cache_max_temperature,
         store_truncated=settings.cache_store_truncated,
+        verifier=verifier,
     )
 
 
@@ -130,7 +140,7 @@ class CacheStage:
             query.partition,
             result.vector,
             k=self.settings.cache_candidates,
-            min_score=self.policy.threshold,
+            min_score=self.policy.min_score,
         )
         for score, candidate, answer in found:
             reason = judge(self.policy, query, candidate, score, result.context_vector)
