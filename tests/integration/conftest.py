@@ -204,7 +204,10 @@ class Stack:
         raise KeyError(name)
 
     def redis(self) -> redis.Redis:
-        return redis.Redis.from_url(self.services.redis_url, decode_responses=True)
+        """A blocking client of the stack's Redis (its master now, behind Sentinels)."""
+        from shared.redis.client import master_url
+
+        return redis.Redis.from_url(master_url(self.services.redis_url), decode_responses=True)
 
     def close(self) -> None:
         try:
