@@ -253,9 +253,11 @@ def _main() -> int:
         out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
         for line in out.splitlines():
             name = line.split(":")[1].strip().split("@")[0]
-            if name.startswith("ftc") and name.endswith("br"):
+            if name.startswith("ftc"):  # the veth pairs (see Network.close) and the bridge
                 subprocess.run(["ip", "link", "del", name], check=False)
         return 0
+    # SIGTERM (a `kill`, `timeout`) takes the bed down as Ctrl-C does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     workdir = Path(tempfile.mkdtemp(prefix="firsttoken-cluster-"))
     with postgres_database() as database_url:
         key = _migrate_and_key(database_url)

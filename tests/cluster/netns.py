@@ -45,6 +45,7 @@ class Network:
         self.bridge = f"{tag}br"
         self.gateway = f"{self.prefix}.1"  # the machine's own address on the bridge
         self.hosts: dict[str, Host] = {}
+        self._numbers: list[int] = []
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
@@ -56,6 +57,7 @@ class Network:
         _ip("netns", "add", ns)
         host = Host(ns, f"{self.prefix}.{number}")
         self.hosts[name] = host
+        self._numbers.append(number)
         _ip("link", "add", outer, "type", "veth", "peer", "name", "eth0", "netns", ns)
         _ip("link", "set", outer, "master", self.bridge, "up")
         _ip("-n", ns, "addr", "add", f"{host.address}/24", "dev", "eth0")
@@ -64,7 +66,12 @@ class Network:
         return host
 
     def close(self) -> None:
-        """Remove every namespace (their veth ends go with them) and the bridge."""
+        """Remove every host's veth pair, namespace, and the bridge. The pair goes first: a
+        namespace outlives its deletion while orphaned TCP sockets in it retry their FINs
+        (minutes), and its interface with it."""
+        for number in self._numbers:
+            subprocess.run(["ip", "link", "del", f"{self.tag}{number}"], capture_output=True,
+                           timeout=10)  # fmt: skip
         for host in self.hosts.values():
             subprocess.run(["ip", "netns", "del", host.name], capture_output=True, timeout=10)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=10)
