@@ -84,6 +84,7 @@ class Bed:
     stack: Stack
     db_proxy: TcpProxy
     workdir: Path
+    sim_args: tuple[str, ...] = SIM_ARGS
     down: set[str] = field(default_factory=set)
 
     def host(self, name: str) -> Host:
@@ -114,7 +115,7 @@ class Bed:
         """The host's engine, then its chat worker (waits for the worker's heartbeat)."""
         host = self.host(name)
         self.stack.start(f"sim-{name}", ["-m", "firsttoken.simserver", "--port", str(SIM_PORT),
-                                         *SIM_ARGS], host.run_in)  # fmt: skip
+                                         *self.sim_args], host.run_in)  # fmt: skip
         self.stack.start_worker(name, "chat", host.run_in)
         self.stack.wait_worker(name)
         self.down.discard(name)
@@ -161,6 +162,7 @@ def bring_up(
     *,
     tag: str | None = None,
     settings: dict[str, str] | None = None,
+    sim_args: tuple[str, ...] = SIM_ARGS,
 ) -> Bed:
     """Every host, started in dependency order; returns once HAProxy answers /readyz."""
     from sqlalchemy import make_url
@@ -195,7 +197,7 @@ def bring_up(
         logs.mkdir(exist_ok=True)
         stack = Stack(Services(group.url, on_bed, []), f"fttest{tag}", logs, values)
         stack.api_key = api_key
-        bed = Bed(net, group, stack, proxy, workdir)
+        bed = Bed(net, group, stack, proxy, workdir, sim_args)
         stack.start_worker("bulk", "bulk", h["bulk"].run_in)
         for name in CHAT_HOSTS:
             bed.start_chat_host(name)
