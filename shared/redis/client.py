@@ -150,7 +150,7 @@ def master_url(url: str) -> str:
         master = pool.submit(asyncio.run, master_of(address)).result()
     auth = ""
     if master.password is not None:
-        auth = f"{quote(master.username or '')}:{quote(master.password)}@"
+        auth = f"{quote(master.username or '', safe='')}:{quote(master.password, safe='')}@"
     return f"redis://{auth}{master.host}:{master.port}/{master.db}"
 
 

@@ -4,7 +4,8 @@ a bulk-worker host, Redis with a replica and three Sentinels (tests/cluster/bed.
 The tests run in file order on one bed: the healthy bed first (load through HAProxy, rate
 limits over both gateways, a revocation, the cache across worker hosts), then the losses (a
 chat-worker host, a gateway host, the Redis primary), each checking that every client ends
-with `done` or `error` and that every `done` chat has its one usage row."""
+with `done` or `error` and that every `done` chat has its one usage row; last, the database
+host."""
 
 from __future__ import annotations
 
@@ -294,3 +295,19 @@ async def test_the_redis_primary_lost_chats_end_and_new_ones_succeed_within_10s(
     assert set(chats.ends()) <= {"done", "engine_error", "overloaded", "timeout"}, chats.ends()
     await wait_rows(bed.stack.services.database_url, [c.job_id for c in chats.done()], 60)
     print(f"\nredis primary lost: in flight {chats.ends()}, a new chat done {back:.1f}s after")
+
+
+async def test_the_database_host_lost_chats_go_on_and_their_rows_land_once_it_is_back(
+    bed: Bed,
+) -> None:
+    """PostgreSQL unreachable (its forward refusing connections): chats with a key already
+    known go on and end `done`; their usage rows land, once each, when it is back."""
+    bed.db_proxy.down("refuse")
+    try:
+        runs = await _load(bed, 2, 3, "pg")
+    finally:
+        bed.db_proxy.up()
+    ends = [chats.ends() for chats in runs]
+    assert all(e == {"done": 3} for e in ends), ends
+    jobs = [c.job_id for chats in runs for c in chats.done()]
+    await wait_rows(bed.stack.services.database_url, jobs, 60)
