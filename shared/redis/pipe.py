@@ -264,28 +264,32 @@ class RedisPipe:
                 raise ConnectionError("Redis closed the connection")
             parser.feed(data)
             while (answer := parser.gets()) is not False:
-                if isinstance(answer, NoScriptError):
-                    # The script cache was flushed under us: reconnect, load the scripts
-                    # again and send every call not yet answered, in order.
-                    raise ConnectionError("the script cache was flushed")
-                if isinstance(answer, ReadOnlyError) or (
-                    # A script's write on a replica comes back as "ERR ... -READONLY ...".
-                    isinstance(answer, ResponseError) and "READONLY" in str(answer)
-                ):
-                    # A replica now (a failover): the call did not run; it goes again, with
-                    # everything after it, to the master the reconnect finds.
-                    raise ConnectionError("the server is no longer the master")
-                call = in_flight.popleft()
-                if isinstance(answer, ResponseError):
+                if isinstance(answer, ResponseError):  # the one check a good reply costs
+                    _check_reconnect(answer)
+                    call = in_flight.popleft()
                     if call.reply is not None and not call.reply.done():
                         call.reply.set_exception(answer)
                     else:
                         self.errors += 1
                         log.error("a pipelined Redis call failed: %s", answer)
-                elif call.reply is not None and not call.reply.done():
+                    continue
+                call = in_flight.popleft()
+                if call.reply is not None and not call.reply.done():
                     call.reply.set_result(answer)
             if not in_flight:
                 self._drained.set()
+
+
+def _check_reconnect(error: ResponseError) -> None:
+    """Raise ConnectionError for the error replies the pipe answers by reconnecting; the call
+    stays unanswered, so it goes again, with everything after it, on the new connection."""
+    if isinstance(error, NoScriptError):
+        # The script cache was flushed under us: the reconnect loads the scripts again.
+        raise ConnectionError("the script cache was flushed")
+    # A replica now (a Sentinel failover): the call did not run; the reconnect asks the
+    # Sentinels for the master. A script's write comes back as "ERR ... -READONLY ...".
+    if isinstance(error, ReadOnlyError) or "READONLY" in str(error):
+        raise ConnectionError("the server is no longer the master")
 
 
 class PipeScript:
