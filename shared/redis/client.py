@@ -87,7 +87,7 @@ class SentinelConnection(_WriteWithoutTask, Connection):
     async def _connect(self) -> None:
         master = await master_of(self.sentinel_address)
         self.host, self.port = master.host, master.port
-        await super()._connect()
+        await super()._connect()  # type: ignore[no-untyped-call]
 
     async def read_response(self, *args: Any, **kwargs: Any) -> Any:
         try:

@@ -90,10 +90,9 @@ async def _ask(host: str, port: int, address: RedisAddress) -> tuple[str, int] |
         for reply in replies:
             if isinstance(reply, Exception):
                 raise ConnectionError(error_text(reply))
-        if not answer:
-            return None
-        name, number = answer  # type: ignore[misc]
-        return str(name), int(number)
+        if not isinstance(answer, list) or len(answer) != 2:
+            return None  # nil: this Sentinel watches no master of that name
+        return str(answer[0]), int(answer[1])
     finally:
         writer.close()
 

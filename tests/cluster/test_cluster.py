@@ -18,7 +18,7 @@ import pytest
 import websockets
 
 from firsttoken.keyscli import create_key, revoke
-from shared.settings import Settings
+from shared.settings import Settings, load_settings
 from tests.cluster.bed import Bed
 from tests.faults.test_durable import Chat, Chats, wait_rows
 
@@ -30,7 +30,7 @@ async def _socket(url: str, key: str) -> Any:
 
 
 def _settings(bed: Bed) -> Settings:
-    return Settings(
+    return load_settings(
         redis_url=bed.stack.services.redis_url,
         database_url=bed.stack.services.database_url,
         redis_prefix=bed.stack.prefix,
@@ -73,7 +73,7 @@ async def _first_frame(ws: Any, chat_id: str) -> dict[str, Any]:
     while True:
         frame = json.loads(await asyncio.wait_for(ws.recv(), 15))
         if frame.get("id") == chat_id and frame["type"] in ("accepted", "error"):
-            return frame
+            return dict(frame)
 
 
 async def test_a_keys_rate_limit_is_exact_over_both_gateways(bed: Bed) -> None:
