@@ -10,6 +10,7 @@ Needs root (``ip netns add``); :func:`can_make_namespaces` says why not where it
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -79,20 +80,21 @@ class Network:
 
 def can_make_namespaces() -> str | None:
     """None when network namespaces and bridges can be made here, else why not."""
+    if shutil.which("ip") is None:
+        return "no `ip` command (iproute2) to make network namespaces with"
     probe = "ftprobe"
     try:
         _ip("netns", "add", probe)
-    except (OSError, subprocess.SubprocessError) as exc:
+    except subprocess.SubprocessError as exc:
         detail = getattr(exc, "stderr", "") or exc
         return f"cannot make a network namespace (`ip netns add`: {str(detail).strip()})"
-    finally:
-        subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=10)
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=10)
     try:
         _ip("link", "add", f"{probe}br", "type", "bridge")
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"cannot make a bridge (`ip link add type bridge`: {getattr(exc, 'stderr', exc)})"
-    finally:
-        subprocess.run(["ip", "link", "del", f"{probe}br"], capture_output=True, timeout=10)
+    except subprocess.SubprocessError as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        return f"cannot make a bridge (`ip link add type bridge`: {str(detail).strip()})"
+    subprocess.run(["ip", "link", "del", f"{probe}br"], capture_output=True, timeout=10)
     return None
 
 
