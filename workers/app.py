@@ -26,7 +26,7 @@ from shared.keys import (
     SUMMARIZE_TASK,
     Keys,
 )
-from shared.redis.address import celery_broker_url
+from shared.redis.address import celery_broker_url, celery_transport_options
 from shared.settings import get_settings
 
 settings = get_settings()
@@ -75,6 +75,8 @@ app.conf.update(
         "visibility_timeout": settings.bulk_visibility_timeout_s,
         "unacked_restore_interval": 5,
         "unacked_restore_throttle": 1,
+        # A sentinel:// URL: kombu's sentinel transport, told the master's name here.
+        **celery_transport_options(settings.redis_url),
     },
     broker_connection_retry_on_startup=True,
     task_serializer="json",
