@@ -22,7 +22,7 @@ import websockets
 
 from shared.metrics.series import LATENCY_BUCKETS
 from tests.integration.conftest import Services, Stack, make_stack
-from tests.support import free_port, port_open, wait_until
+from tests.support import free_port, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.prometheus]
 
