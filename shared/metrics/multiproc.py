@@ -36,7 +36,7 @@ def enable(directory: str) -> None:
     value picks its storage when it is made)."""
     os.makedirs(directory, exist_ok=True)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
-    values.ValueClass = values.MultiProcessValue(process_id)
+    values.ValueClass = values.MultiProcessValue(process_id)  # type: ignore[no-untyped-call]
 
 
 def fresh_dir(directory: str | Path) -> None:
@@ -47,7 +47,7 @@ def fresh_dir(directory: str | Path) -> None:
 
 def mark_dead(directory: str, pid: int | None = None) -> None:
     """Process `pid` (default: this one) of this host is gone: its live gauges stop counting."""
-    mark_process_dead(process_id(pid), directory)
+    mark_process_dead(process_id(pid), directory)  # type: ignore[no-untyped-call]
 
 
 def sweep_dead(directory: str) -> None:
@@ -72,5 +72,5 @@ def _running(pid: int) -> bool:
 def collected(directory: str) -> CollectorRegistry:
     """A registry that merges every process's files at each collect."""
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=directory)
+    MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
     return registry

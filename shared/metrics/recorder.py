@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from shared.errors import ConfigError
 from shared.metrics import multiproc
@@ -31,8 +31,6 @@ from shared.metrics.values import (
 )
 
 if TYPE_CHECKING:
-    from prometheus_client.metrics import MetricWrapperBase
-
     from shared.metrics.otel import GenAIMetrics
     from shared.settings import Settings
     from shared.tasks import ChatJob
@@ -129,7 +127,7 @@ class Recorder:
             if result is not None:
                 self.series.lookups[result].inc()
 
-    def worker_load(self, worker: str, capacity: int) -> MetricWrapperBase | None:
+    def worker_load(self, worker: str, capacity: int) -> Gauge | None:
         """A chat worker's in-flight gauge (its reader incs and decs it), its capacity set."""
         if self.series is None:
             return None
@@ -152,7 +150,7 @@ class Recorder:
                 sources.append(self.registry)
         if depths is not None:
             sources.append(_Family(queue_depth(depths)))
-        return generate_latest(_Sources(sources))  # type: ignore[arg-type]
+        return generate_latest(_Sources(sources))
 
 
 recorder = Recorder()

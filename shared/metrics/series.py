@@ -7,7 +7,6 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.metrics import MetricWrapperBase
 
 # Seconds. Fine below 50 ms, so "did the p50 move by 5 ms?" has an answer at 5-30 ms, and
 # coarse above a second, where nothing interactive should be.
@@ -108,18 +107,18 @@ class Series:
         self.prompt_tokens, self.completion_tokens = (self.tokens.labels(k) for k in TOKEN_KINDS)
         self.chat_queue_wait = self.queue_wait.labels("chat")
         self.lookups = {result: self.cache_lookups.labels(result) for result in CACHE_RESULTS}
-        self._ttft: dict[tuple[str, bool], MetricWrapperBase] = {}
-        self._chats: dict[str, MetricWrapperBase] = {}
+        self._ttft: dict[tuple[str, bool], Histogram] = {}
+        self._chats: dict[str, Counter] = {}
         for status in ("ok", "error", "cancelled", "timeout"):
             self.chats_of(status)  # at zero from the start, as the children above
 
-    def ttft_of(self, model: str, cached: bool) -> MetricWrapperBase:
+    def ttft_of(self, model: str, cached: bool) -> Histogram:
         child = self._ttft.get((model, cached))
         if child is None:
             child = self._ttft[(model, cached)] = self.ttft.labels(model, str(cached).lower())
         return child
 
-    def chats_of(self, status: str) -> MetricWrapperBase:
+    def chats_of(self, status: str) -> Counter:
         child = self._chats.get(status)
         if child is None:
             child = self._chats[status] = self.chats.labels(status)
