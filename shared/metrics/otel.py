@@ -113,6 +113,6 @@ class GenAIMetrics:
         if outcome.completion_tokens:
             self.tokens.record(outcome.completion_tokens, self._attributes(model, "output"))
 
-    def shutdown(self) -> None:
-        """Export what is left (the provider also does at interpreter exit)."""
-        self.provider.shutdown(timeout_millis=5000)
+    def flush(self) -> None:
+        """Export what is waiting now (the provider shuts itself down at interpreter exit)."""
+        self.provider.force_flush(timeout_millis=5000)

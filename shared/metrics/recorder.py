@@ -203,4 +203,4 @@ def stop_process() -> None:
     if recorder.directory is not None:
         multiproc.mark_dead(recorder.directory)
     if recorder.otel is not None:
-        recorder.otel.shutdown()
+        recorder.otel.flush()
