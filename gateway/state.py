@@ -118,7 +118,7 @@ class Gateway:
         self._worker_count = asyncio.create_task(self._keep_counting_chat_workers())
         try:
             self.chat_metrics.models_known(self.models.names)
-        except Exception:  # noqa: BLE001 - a bad model table fails its chats, not the start
+        except Exception:  # a bad model table fails its chats, not the gateway's start
             log.debug("model table not read for the metrics at start-up", exc_info=True)
 
     def _on_key_event(self, message: str) -> None:
