@@ -7,7 +7,7 @@ gauge up and down and the chat's end (queue wait, status, tokens, time per outpu
 the gateway, the relayed `done` (time to first token and seven stages). Each is timed over
 `--chats` chats in this process, writing to a temporary multiprocess directory, best of 5.
 Then one scrape's merge (GET /metrics' work) over `--processes` processes' files.
-The stack's CPU per chat (docs/benchmarks.md, some 20-35 ms on the 2-core host) is the scale.
+The stack's CPU per chat (docs/benchmarks.md: some 19-35 ms on the 2-core host) is the scale.
 """
 
 from __future__ import annotations
