@@ -40,6 +40,7 @@ from shared.errors import (
 from shared.failover import TAKEOVER_GRACE_S, owner_verdict
 from shared.keys import CHAT_QUEUE, CHAT_TASK, Keys
 from shared.limits import charged_without_usage
+from shared.metrics.recorder import Recorder
 from shared.modeltable import ModelTable
 from shared.protocol import ChatFrame, dumps
 from shared.redis.pubsub import Handler
@@ -64,6 +65,7 @@ class SessionHost(Protocol):
     relay: Relay
     limiter: RateLimiter
     metrics: GatewayMetrics
+    chat_metrics: Recorder
     feeds: dict[str, Feed]
 
     @property
@@ -283,6 +285,8 @@ class JobOwner:
         if step.repair:
             self.gw.spawn(self._repair(job))
         if step.finished:
+            if step.timings is not None:
+                self.gw.chat_metrics.chat_done(step.timings, step.model, step.cached)
             if step.used is not None:
                 job.feed.used = step.used
             self.gw.spawn(self.stop_job(job, ended=True))

@@ -28,6 +28,7 @@ from shared.errors import Unauthorized
 from shared.heap import FirstUse
 from shared.keys import CHAT_QUEUE, Keys
 from shared.limits import Limits
+from shared.metrics import start_process, stop_process
 from shared.modeltable import ModelTable, model_table
 from shared.redis.client import UNREACHABLE, redis_client, unreachable_as_overloaded
 from shared.redis.pipe import RedisPipe
@@ -74,6 +75,8 @@ class Gateway:
             on_reconnect=self._after_relay_reconnect,
             client_name=f"firsttoken-relay-{os.getpid()}",
         )
+        # Before this process makes any series: multiprocess mode picks their storage.
+        self.chat_metrics = start_process(settings, "gateway")
         self.metrics = GatewayMetrics()
         self.sessions: set[Session] = set()
         self.feeds: dict[str, Feed] = {}  # job id -> the clients here following it
@@ -115,6 +118,10 @@ class Gateway:
         self.guard.start(lambda: self.sessions)
         self._watchdog = asyncio.create_task(self._watch())
         self._worker_count = asyncio.create_task(self._keep_counting_chat_workers())
+        try:
+            self.chat_metrics.models_known(self.models.names)
+        except Exception:  # a bad model table fails its chats, not the gateway's start
+            log.debug("model table not read for the metrics at start-up", exc_info=True)
 
     def _on_key_event(self, message: str) -> None:
         """`revoked <hash> <key_id>` from `firsttoken keys revoke`: forget it, close its sockets."""
@@ -148,6 +155,7 @@ class Gateway:
         await self.redis.aclose()
         await self.db.dispose()
         tracing.shutdown()
+        stop_process()
 
     async def chat_workers(self) -> int:
         """Chat workers with a fresh heartbeat, as counted within the last heartbeat interval

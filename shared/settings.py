@@ -519,6 +519,28 @@ class Settings(BaseSettings):
         "(no OpenTelemetry import, no cost). Needs the `otel` extra.",
     )
 
+    # --- metrics (issue 32; shared/metrics/) ---------------------------------------------
+    metrics: Literal["on", "off"] = Field(
+        "on",
+        description="on: chat metrics (Prometheus series, and OpenTelemetry's GenAI ones when "
+        "an OTLP endpoint is set); off: none of them are kept (the gateway's five connection "
+        "and relay series stay).",
+    )
+    metrics_dir: str | None = Field(
+        None,
+        description="Directory of prometheus_client's multiprocess mode: every gateway and "
+        "worker process of this host writes its series there, and any gateway's GET /metrics "
+        "answers for all of them. `firsttoken up` and the bench set a fresh one; "
+        "PROMETHEUS_MULTIPROC_DIR is used when unset; with neither, a gateway's /metrics covers "
+        "its own process and workers keep no series.",
+    )
+    metrics_otlp_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP metrics URL (e.g. http://collector:4318/v1/metrics) for the GenAI "
+        "metrics; the SDK's OTEL_EXPORTER_OTLP_METRICS_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT "
+        "also switch them on. Needs the `otel` extra.",
+    )
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO",
         description="Log level of the gateway's own loggers (a worker's is `firsttoken worker "

@@ -26,6 +26,7 @@ from shared.keys import (
     SUMMARIZE_TASK,
     Keys,
 )
+from shared.metrics import start_process, stop_process
 from shared.redis.address import celery_broker_url, celery_transport_options
 from shared.settings import get_settings
 
@@ -124,6 +125,8 @@ def _start_process(sender: Any = None, **_: Any) -> None:
     # Before the pool exists: it decides once, at its start, whether to log task bodies.
     hold_content_loggers()
 
+    # Before any series of this process is made (shared/metrics/: multiprocess mode).
+    start_process(get_settings(), "worker")
     queues = tuple(sorted(app.amqp.queues.consume_from or app.amqp.queues))
     probe = celery_pool_probe(sender) if sender is not None else None
     lifecycle.start(getattr(sender, "hostname", None) or "worker", queues, probe)
@@ -135,3 +138,4 @@ def _stop_process(**_: Any) -> None:
     from workers.lifecycle import lifecycle
 
     lifecycle.stop(grace_s=SHUTDOWN_GRACE_S)
+    stop_process()

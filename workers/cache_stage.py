@@ -24,6 +24,7 @@ from shared.cache.store import CacheStore, NewEntry, StoredAnswer
 from shared.cache.verify import table_key
 from shared.embeddings.base import Embedder
 from shared.embeddings.factory import make_embedder
+from shared.metrics import recorder
 from shared.protocol import done_chunk
 from shared.settings import Settings
 from shared.tasks import ChatJob
@@ -304,9 +305,12 @@ async def lookup(
         stage = await get_stage(ctx)
         if stage is None:
             return None, Lookup(tier="off")
-        return stage, await stage.lookup(job, model, query)
+        result = await stage.lookup(job, model, query)
+        recorder.cache_lookup(result.tier, bool(result.reasons))
+        return stage, result
     except Exception:
         log.warning("cache lookup failed; answering uncached", exc_info=True)
+        recorder.cache_lookup("miss", False)
         return None, Lookup(tier="off")
 
 

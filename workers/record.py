@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shared.keys import BULK_QUEUE, PERSIST_MESSAGES_TASK
+from shared.metrics import recorder
 from shared.tasks import ChatJob, MessagesRecord, UsageRecord, task_message
 from shared.timing import elapsed_ms
 from workers.usage_row import analytics_fields
@@ -72,6 +73,7 @@ def record(ctx: WorkerContext, job: ChatJob, points: dict[str, float], outcome: 
     except ConnectionError:
         pass  # the lease expires on its own
     ctx.load.ended(outcome.finish_reason)
+    recorder.chat_ended(job, points, outcome, now)  # the same points, as metrics
     keep_text = ctx.settings.store_text or outcome.conversation_id is not None
     if not keep_text or outcome.status != "ok":
         return

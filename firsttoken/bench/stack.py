@@ -227,6 +227,9 @@ class BenchStack:
             "key_max_streams_default": "0",
             "tenant_rpm_default": "0",
             "tenant_tpm_default": "0",
+            # Metrics as `firsttoken up` keeps them: every process in one multiprocess
+            # directory (`--set metrics=off` measures without).
+            "metrics_dir": str(self.workdir / "metrics"),
             **self.settings,
         }
         env.update({f"FIRSTTOKEN_{k.upper()}": v for k, v in values.items()})

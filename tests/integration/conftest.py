@@ -143,9 +143,7 @@ class Stack:
     def get(self, path: str) -> tuple[int, str]:
         return _http(self.http + path)
 
-    def start(
-        self, name: str, args: list[str], run_in: Sequence[str] = (), **extra: str
-    ) -> Child:
+    def start(self, name: str, args: list[str], run_in: Sequence[str] = (), **extra: str) -> Child:
         """A Python child of this stack; ``run_in`` prefixes its command (the cluster test
         bed's ``ip netns exec HOST``: tests/cluster/)."""
         command = [*run_in, *python_cmd(*args)]
