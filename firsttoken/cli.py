@@ -275,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_workers_parser(sub)
 
+    from firsttoken.metricscli import add_parser as add_metrics_parser
+
+    add_metrics_parser(sub)
+
     from firsttoken.kbcli import add_parser as add_kb_parser
 
     add_kb_parser(sub)

@@ -14,28 +14,25 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 
 from shared.keys import CHAT_QUEUE, QUEUES, Keys
+from shared.metrics.series import Series, queue_depth
 from shared.settings import Settings
 from tests.support import ROOT
 
 DEPLOY = ROOT / "deploy"
-# The series issue 32 names (gateway/ and workers/ export them; docs/operations.md, Metrics).
-METRICS = frozenset(
-    {
-        "firsttoken_time_to_first_token_seconds",
-        "firsttoken_queue_wait_seconds",
-        "firsttoken_stage_seconds",
-        "firsttoken_time_per_output_token_seconds",
-        "firsttoken_tokens_total",
-        "firsttoken_chats_total",
-        "firsttoken_cache_lookups_total",
-        "firsttoken_queue_depth",
-        "firsttoken_worker_chats_in_flight",
-        "firsttoken_worker_capacity",
-        "firsttoken_engine_errors_total",
-    }
-)
+
+
+def exported_series() -> frozenset[str]:
+    """The names the stack really exports (shared/metrics/series.py), as PromQL sees them."""
+    registry = CollectorRegistry()
+    Series(registry)
+    names = {m.name + ("_total" if m.type == "counter" else "") for m in registry.collect()}
+    return frozenset({*names, queue_depth({}).name})
+
+
+METRICS = exported_series()
 DEFAULT_KEYS = Keys(Settings.model_fields["redis_prefix"].default)
 
 
