@@ -191,8 +191,11 @@ def grid(spec: str) -> list[float]:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from shared.cache.calibrated import CALIBRATION
     from shared.cache.calibration import choose
+    from shared.cache.verify import table_key
     from shared.embeddings.factory import make_embedder
     from shared.settings import get_settings
     from workers.cache_stage import policy_from
@@ -206,8 +209,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         return 2
     embedder = make_embedder(get_settings())
     try:
-        policy = policy_from(get_settings(), embedder.name)
-        print(f"{embedder.name}: {len(thresholds)} thresholds ...", file=sys.stderr, flush=True)
+        # The verifier set, even when its table is still missing (policy_from then falls back
+        # to the plain cosine): this run makes that table.
+        policy = replace(
+            policy_from(get_settings(), embedder.name), verifier=get_settings().cache_verifier
+        )
+        name = table_key(embedder.name, policy.verifier)
+        print(f"{name}: {len(thresholds)} thresholds ...", file=sys.stderr, flush=True)
         points = calibration_points(policy, embedder, pair_sets, thresholds)
     finally:
         embedder.close()
@@ -222,7 +230,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"max error rate {risk}: threshold {chosen.threshold if chosen else 'none'}")
     if args.write:
         tables = {name: list(rows) for name, rows in CALIBRATION.items()}
-        tables[embedder.name] = points
+        tables[table_key(embedder.name, policy.verifier)] = points
         CALIBRATED.write_text(render_calibrated(tables, args.sets or "validation"))
         print(f"wrote {CALIBRATED}")
     return 0
@@ -355,8 +363,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--data-dir", default=None, help="the tests/data directory holding the sets")
     p.add_argument(
         "--grid",
-        default="0.80:0.97:0.01",
-        help="thresholds as LOW:HIGH:STEP (default: 0.80:0.97:0.01)",
+        default="0.55:1.00:0.01",
+        # The verified score of a broad rewording sits above its cosine: its table needs
+        # thresholds up to 1.
+        help="thresholds as LOW:HIGH:STEP (default: 0.55:1.00:0.01)",
     )
     p.add_argument(
         "--setting",

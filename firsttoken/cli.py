@@ -271,6 +271,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_usage_parser(sub)
 
+    from firsttoken.workerscli import add_parser as add_workers_parser
+
+    add_workers_parser(sub)
+
+    from firsttoken.metricscli import add_parser as add_metrics_parser
+
+    add_metrics_parser(sub)
+
     from firsttoken.kbcli import add_parser as add_kb_parser
 
     add_kb_parser(sub)

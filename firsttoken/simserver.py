@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import functools
 import json
+import os
 import random
 import sys
 import time
@@ -41,11 +42,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from shared import tracing
 from shared.engines.base import Delta, EngineRequest
 from shared.engines.sim import SimEngine, SimOptions
 from shared.errors import ConfigError
 from shared.heap import freeze_startup_objects
 from shared.protocol import Message
+from shared.tracing.context import from_headers
 
 # OpenAI's "developer" role is the newer name of "system".
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -348,6 +351,14 @@ class _ChatCompletions:
         self.faults = faults
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if tracing.on:  # continue the caller's trace, as vLLM does with --otlp-traces-endpoint
+            client = from_headers(_trace_headers(scope))
+            with tracing.server_span(client, "llm_request", **{"gen_ai.system": "firsttoken-sim"}):
+                await self._serve(scope, receive, send)
+            return
+        await self._serve(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw = await _read_body(receive)
         if raw is None:
             return
@@ -378,6 +389,14 @@ class _ChatCompletions:
             status = self.faults.status or 500
             return error_response(f"simulated failure (HTTP {status})", status)
         return body, request
+
+
+def _trace_headers(scope: Scope) -> dict[str, str]:
+    return {
+        name.decode("latin-1"): value.decode("latin-1")
+        for name, value in scope["headers"]
+        if name in (b"traceparent", b"tracestate")
+    }
 
 
 class _SimApp(Starlette):
@@ -555,6 +574,14 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument(
         "--drop-after", type=int, metavar="N", help="after N tokens, cut the connection"
     )
+    p.add_argument(
+        "--otlp-traces-endpoint",
+        default=s.otlp_traces_endpoint,
+        metavar="URL",
+        help="export a span per request, continuing the caller's `traceparent` header, to this "
+        "OTLP/HTTP traces URL, as `vllm serve --otlp-traces-endpoint` does (default: "
+        "FIRSTTOKEN_OTLP_TRACES_ENDPOINT; OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT also turn it on)",
+    )
     return p
 
 
@@ -580,6 +607,10 @@ def main(argv: list[str] | None = None) -> int:
             malformed_after=args.malformed_after,
             drop_after=args.drop_after,
         )
+        endpoint = tracing.traces_endpoint(args.otlp_traces_endpoint, os.environ)
+        if endpoint is not None:
+            name = f"sim-server@{args.host}:{args.port}"
+            tracing.enable(endpoint, "firsttoken-sim-server", name)
     except (ConfigError, ValueError) as exc:
         print(f"firsttoken sim-server: {exc}", file=sys.stderr)
         return 2
@@ -599,6 +630,7 @@ def main(argv: list[str] | None = None) -> int:
         # Open streams must not hold a shutdown forever.
         timeout_graceful_shutdown=5,
     )
+    tracing.shutdown()
     return 0
 
 

@@ -17,10 +17,13 @@ from typing import Any
 
 from firsttoken.procs import worker_args
 from shared.keys import BULK_QUEUE, CHAT_QUEUE, SUMMARIZE_QUEUE
+from shared.metrics.multiproc import fresh_dir
 from shared.settings import ENV_PREFIX, load_settings
 
 STATE_DIR = Path(".firsttoken")
 DEV_FILE = STATE_DIR / "dev.json"
+# prometheus_client's multiprocess directory of the processes `up` starts (shared/metrics/).
+METRICS_DIR = STATE_DIR / "metrics"
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 
@@ -94,6 +97,10 @@ def run_up(port: int | None = None, host: str | None = None) -> int:
     port = port if port is not None else settings.port
     host = host or settings.host
     env[f"{ENV_PREFIX}PORT"], env[f"{ENV_PREFIX}HOST"] = str(port), host
+    if f"{ENV_PREFIX}METRICS_DIR" not in env_set and not settings.metrics_dir:
+        # Fresh each time: an earlier run's files would add their counts to this one's.
+        fresh_dir(METRICS_DIR)
+        env[f"{ENV_PREFIX}METRICS_DIR"] = str(METRICS_DIR.resolve())
 
     from shared.db.migrate import upgrade
 

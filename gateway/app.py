@@ -10,15 +10,16 @@ import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from gateway.auth import key_from_request
+from gateway.metrics import queue_depths
 from gateway.openai import chat_completions
 from gateway.session import Session
 from gateway.state import Gateway
@@ -134,8 +135,12 @@ async def readyz(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    """Every process of this host in multiprocess mode (FIRSTTOKEN_METRICS_DIR), else this
+    one; plus the queue depths, read from Redis for this scrape."""
     gw: Gateway = request.app.state.gateway
-    return PlainTextResponse(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    depths = await queue_depths(gw.redis, gw.keys)
+    text = gw.chat_metrics.exposition([gw.metrics.registry], depths)
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
 async def list_models(request: Request) -> Response:

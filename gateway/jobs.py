@@ -29,6 +29,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import Admission, Enqueue, RateLimiter
 from gateway.relay import Relay
 from gateway.relaystate import Followers, RelayState, Step
+from shared import tracing
 from shared.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -40,11 +41,13 @@ from shared.errors import (
 from shared.failover import TAKEOVER_GRACE_S, owner_verdict
 from shared.keys import CHAT_QUEUE, CHAT_TASK, Keys
 from shared.limits import charged_without_usage
+from shared.metrics.recorder import Recorder
 from shared.modeltable import ModelTable
 from shared.protocol import ChatFrame, dumps
 from shared.redis.pubsub import Handler
 from shared.settings import Settings
 from shared.tasks import ChatJob, new_id, task_message
+from shared.tracing.context import chosen
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,7 @@ class SessionHost(Protocol):
     limiter: RateLimiter
     drafts: Drafts
     metrics: GatewayMetrics
+    chat_metrics: Recorder
     feeds: dict[str, Feed]
 
     @property
@@ -137,13 +141,14 @@ class Feed:
 class Job:
     """A chat a door is relaying: one client following one job."""
 
-    __slots__ = ("deadline_at", "feed", "owner", "state")
+    __slots__ = ("deadline_at", "feed", "owner", "state", "trace")
 
     def __init__(self, owner: JobOwner, feed: Feed, state: RelayState, deadline_at: float):
         self.owner = owner
         self.feed = feed
         self.state = state
         self.deadline_at = deadline_at
+        self.trace: tracing.ChatTrace | None = None  # the chat's spans, while tracing is on
 
     @property
     def job_id(self) -> str:
@@ -157,11 +162,15 @@ class JobOwner:
     """One client's running chats (a websocket connection, or one HTTP request) and
     everything that happens to them between admission and settlement."""
 
+    door = "websocket"  # which door its chats came in by (their traces say)
+
     def __init__(self, gw: SessionHost, principal: Principal) -> None:
         self.gw = gw
         self.principal = principal
         self.jobs: dict[str, Job] = {}
         self.last_active = time.monotonic()
+        # The trace context of the client's request headers (set by a door, tracing on).
+        self.client_trace: tracing.TraceHeaders | None = None
 
     # --- what a door provides ---------------------------------------------------------
     def send(self, text: str) -> None:
@@ -192,6 +201,12 @@ class JobOwner:
                 "no chat worker is running; start one with `firsttoken worker --queues chat`",
                 retry_after_ms=max(1000, int(settings.worker_heartbeat_s * 1000)),
             )
+        # From here on a refusal (the limiter's) is on the admission span; one before (the
+        # frame's rules, no worker) has no span.
+        trace = None
+        if tracing.on:
+            client = chosen(frame.traceparent, frame.tracestate, self.client_trace)
+            trace = tracing.chat_trace(client, received, self.door)
         job_id = new_id()
         feed = Feed(job_id, gw.keys.job_channel(job_id))
         feed.model = frame.model or gw.models.default
@@ -220,6 +235,8 @@ class JobOwner:
                 received_at=received,
                 enqueued_at=enqueued,
                 deadline_at=job.deadline_at,
+                traceparent=None if trace is None else trace.traceparent,
+                tracestate=None if trace is None else trace.tracestate,
             )
             message = task_message(
                 CHAT_TASK,
@@ -247,7 +264,9 @@ class JobOwner:
                 ),
             )
             feed.admission = admission
-        except BaseException:
+        except BaseException as exc:
+            if trace is not None:
+                trace.failed(exc)
             self.jobs.pop(frame.id, None)
             gw.relay.unsubscribe(feed.channel)
             if admission is not None:
@@ -255,6 +274,9 @@ class JobOwner:
             raise
         gw.feeds[job_id] = feed
         gw.chat_started()
+        if trace is not None:
+            trace.admitted(job_id)
+            job.trace = trace
         return job, conversation_id
 
     def apply(self, job: Job, step: Step) -> None:
@@ -265,6 +287,8 @@ class JobOwner:
         if step.repair:
             self.gw.spawn(self._repair(job))
         if step.finished:
+            if step.timings is not None:
+                self.gw.chat_metrics.chat_done(step.timings, step.model, step.cached)
             if step.used is not None:
                 job.feed.used = step.used
             self.gw.spawn(self.stop_job(job, ended=True))
@@ -324,6 +348,9 @@ class JobOwner:
             del self.jobs[job.state.chat_id]
         job.state.finished = True
         self.last_active = time.monotonic()  # idle time counts from the last chat's end too
+        if job.trace is not None:  # once: every end path passes here, some twice
+            job.trace.relayed(job.state.first_sent_at, job.state.next_seq, ended)
+            job.trace = None
         feed, gw = job.feed, self.gw
         leave = feed.followers.leave(job, ended=ended)
         if leave is None:
@@ -422,4 +449,6 @@ class JobOwner:
             received_at=job.state.received_at,
             first_sent_at=job.state.first_sent_at,
         )
-        self.gw.spawn(record_lost_chat(self.gw.redis, self.gw.keys, self.gw.name, chat))
+        gw = self.gw
+        resend_after_s = gw.settings.usage_resend_after_s
+        gw.spawn(record_lost_chat(gw.redis, gw.keys, gw.name, chat, resend_after_s))

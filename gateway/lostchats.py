@@ -2,8 +2,9 @@
 
 Nobody else is left to write it: the gateway that admitted the chat (and ended it with
 `engine_error`, gateway/jobs.py's watchdog) hands the row to the bulk queue itself, as a worker
-would (`persist_usage_batch`, idempotent on request_id: a worker that took the chat over after
-all and recorded it too leaves one row). The tokens delivered come from the job's replay
+would: into the usage outbox (shared/usage_outbox.py) and onto the bulk queue
+(`persist_usage_batch`, idempotent on request_id: a worker that took the chat over after all
+and recorded it too leaves one row). The tokens delivered come from the job's replay
 stream: each token chunk's header carries the answer's count so far (shared/protocol.py).
 """
 
@@ -17,8 +18,10 @@ from redis.asyncio import Redis
 
 from shared.failover import delivered_tokens
 from shared.keys import BULK_QUEUE, PERSIST_USAGE_BATCH_TASK, Keys
+from shared.protocol import dumps
 from shared.tasks import UsageRecord, task_message
 from shared.timing import elapsed_ms
+from shared.usage_outbox import ADD_LUA, QUEUE_LUA, UNQUEUED_GRACE_MS
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +39,9 @@ class LostChat:
     first_sent_at: float | None
 
 
-async def record_lost_chat(redis: Redis, keys: Keys, origin: str, chat: LostChat) -> None:
+async def record_lost_chat(
+    redis: Redis, keys: Keys, origin: str, chat: LostChat, resend_after_s: float
+) -> None:
     """Enqueue the chat's usage row (status `error`, the tokens delivered); never raises."""
     now = time.time()
     try:
@@ -58,6 +63,23 @@ async def record_lost_chat(redis: Redis, keys: Keys, origin: str, chat: LostChat
         message = task_message(
             PERSIST_USAGE_BATCH_TASK, {"usage": [row.model_dump()]}, queue=BULK_QUEUE, origin=origin
         )
-        await redis.lpush(keys.queue_list(BULK_QUEUE), message)
+        await redis.eval(
+            ADD_LUA,
+            2,
+            keys.usage_rows,
+            keys.usage_due,
+            UNQUEUED_GRACE_MS,
+            row.request_id,
+            dumps(row.model_dump()),
+        )
+        await redis.eval(
+            QUEUE_LUA,
+            2,
+            keys.queue_list(BULK_QUEUE),
+            keys.usage_due,
+            message,
+            int(resend_after_s * 1000),
+            row.request_id,
+        )
     except Exception:  # noqa: BLE001 - the client has its error; say what was lost
         log.error("could not record the usage of %s (its worker died)", chat.job_id)

@@ -40,8 +40,10 @@ from gateway.openai_protocol import (
     sse_error,
 )
 from gateway.state import Gateway
+from shared import tracing
 from shared.errors import FirstTokenError, InvalidRequest
 from shared.protocol import AUTO_MODEL
+from shared.tracing.context import from_headers
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,8 @@ class HttpChat(JobOwner):
     Once a stream has begun, a token frame is written as an event from the call that relays it
     when nothing is queued or being written (`eager`), as the websocket does (gateway/eager.py):
     no pass of the event loop per token."""
+
+    door = "openai"
 
     def __init__(self, gw: SessionHost, principal: Principal) -> None:
         super().__init__(gw, principal)
@@ -120,6 +124,8 @@ async def chat_completions(request: Request) -> Response:
             except InvalidRequest as exc:
                 raise UnknownModel(exc.message) from None
         chat = HttpChat(gw, principal)
+        if tracing.on:
+            chat.client_trace = from_headers(request.headers)
         job, _ = await chat.open_job(parsed.frame)
     except ClientDisconnect:
         return Response(status_code=400)  # nobody is there to read it

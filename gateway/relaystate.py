@@ -38,6 +38,10 @@ class Step:
     finished: bool = False
     # Prompt + completion tokens from the worker's `done` (None: no usable usage in it).
     used: int | None = None
+    # The relayed `done`'s stage timings (ms), model and cached flag, for the metrics.
+    timings: dict[str, float] | None = None
+    model: str = ""
+    cached: bool = False
 
 
 @dataclass(slots=True)
@@ -111,7 +115,9 @@ class RelayState:
                     self.holding = [message]
                     step.repair = True
                 return
-            step.frames.append(self._done_frame(data, now))
+            step.timings = self._timings(data, now)
+            step.frames.append(dumps(done_frame(data, self.chat_id, step.timings)))
+            step.model, step.cached = str(data.get("model") or ""), bool(data.get("cached"))
             step.used = usage_total(data.get("usage") or {})
             self.finished = step.finished = True
         elif kind == CHUNK_ERROR:
@@ -137,13 +143,14 @@ class RelayState:
         frame["id"] = self.chat_id
         return dumps(frame)
 
-    def _done_frame(self, chunk: DoneChunk, now: float) -> str:
+    def _timings(self, chunk: DoneChunk, now: float) -> dict[str, float]:
+        """The `done` frame's stage timings: the worker's points and this gateway's own."""
         points = dict(chunk.get("points") or {})
         points["received"] = self.received_at
         if self.first_sent_at is not None:
             points["first_chunk_sent"] = self.first_sent_at
         points["done_sent"] = now
-        return dumps(done_frame(chunk, self.chat_id, stage_timings(points)))
+        return stage_timings(points)
 
 
 def usage_total(usage: object) -> int | None:

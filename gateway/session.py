@@ -19,6 +19,7 @@ from gateway.auth import Principal
 from gateway.eager import Rest, start_eagerly
 from gateway.jobs import Job, JobOwner, SessionHost
 from gateway.relaystate import RelayState
+from shared import tracing
 from shared.drafts import draft_scope
 from shared.errors import Cancelled, DeadlineExceeded, FirstTokenError, InvalidRequest
 from shared.protocol import (
@@ -34,6 +35,7 @@ from shared.protocol import (
     parse_client_frame,
 )
 from shared.redis.client import unreachable_as_overloaded
+from shared.tracing.context import from_headers
 
 __all__ = ["Job", "Session", "SessionHost"]
 
@@ -50,6 +52,8 @@ class Session(JobOwner):
         self.close_code: int | None = None  # set to close the socket once queued frames are out
         # Scope -> (fingerprint, text) of the last draft this socket sent in it (gateway/drafts.py).
         self._drafted: dict[str, tuple[int, str]] = {}
+        if tracing.on:  # the upgrade request's trace context, for every chat of the socket
+            self.client_trace = from_headers(ws.headers)
 
     # --- outbound ---------------------------------------------------------------------
     def send(self, text: str) -> None:

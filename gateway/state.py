@@ -23,11 +23,13 @@ from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter
 from gateway.relay import Relay
 from gateway.session import Session
+from shared import tracing
 from shared.db.session import make_engine, make_sessionmaker
 from shared.errors import Unauthorized
 from shared.heap import FirstUse
 from shared.keys import CHAT_QUEUE, Keys
 from shared.limits import Limits
+from shared.metrics import start_process, stop_process
 from shared.modeltable import ModelTable, model_table
 from shared.redis.client import UNREACHABLE, redis_client, unreachable_as_overloaded
 from shared.redis.pipe import RedisPipe
@@ -75,6 +77,8 @@ class Gateway:
             on_reconnect=self._after_relay_reconnect,
             client_name=f"firsttoken-relay-{os.getpid()}",
         )
+        # Before this process makes any series: multiprocess mode picks their storage.
+        self.chat_metrics = start_process(settings, "gateway")
         self.metrics = GatewayMetrics()
         self.sessions: set[Session] = set()
         self.feeds: dict[str, Feed] = {}  # job id -> the clients here following it
@@ -107,6 +111,7 @@ class Gateway:
         task.add_done_callback(self._background.discard)
 
     async def start(self) -> None:
+        tracing.configure(self.settings, "firsttoken-gateway", self.name)
         await self.pipe.start()
         await self.relay.start()
         await self.relay.subscribe_confirmed(self.keys.key_events, self._on_key_event)
@@ -115,6 +120,10 @@ class Gateway:
         self.guard.start(lambda: self.sessions)
         self._watchdog = asyncio.create_task(self._watch())
         self._worker_count = asyncio.create_task(self._keep_counting_chat_workers())
+        try:
+            self.chat_metrics.models_known(self.models.names)
+        except Exception:  # a bad model table fails its chats, not the gateway's start
+            log.debug("model table not read for the metrics at start-up", exc_info=True)
 
     def _on_key_event(self, message: str) -> None:
         """`revoked <hash> <key_id>` from `firsttoken keys revoke`: forget it, close its sockets."""
@@ -147,6 +156,8 @@ class Gateway:
         await self.pipe.close()
         await self.redis.aclose()
         await self.db.dispose()
+        tracing.shutdown()
+        stop_process()
 
     async def chat_workers(self) -> int:
         """Chat workers with a fresh heartbeat, as counted within the last heartbeat interval

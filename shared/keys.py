@@ -100,26 +100,36 @@ class Keys:
         """Sorted set: worker name -> last heartbeat (unix seconds)."""
         return f"{self.prefix}:workers:{queue}"
 
+    def worker_status(self, worker: str) -> str:
+        """String (JSON, shared/workerstatus.py): a worker process's host, pid, queues and load
+        as of its last heartbeat, written by that beat; expires `worker_status_ttl_s` after it,
+        so a dead worker shows as stale in `firsttoken workers` for a while, then goes."""
+        return f"{self.prefix}:worker:{worker}"
+
+    @property
+    def worker_statuses(self) -> str:
+        """Sorted set: worker name -> last heartbeat (unix s) of every `worker_status` record,
+        the index `firsttoken workers` reads (a lost chat worker leaves `worker_heartbeats` once
+        its chats are taken over, but is still shown here); trimmed by each beat."""
+        return f"{self.prefix}:workerindex"
+
     @property
     def gateways(self) -> str:
         """Sorted set: gateway process name -> last heartbeat (Redis time, ms); a chat worker
         aborts the chats no live gateway follows (workers/orphans.py)."""
         return f"{self.prefix}:gateways"
 
-    # --- usage rows on their way to the bulk queue (workers/usage.py) --------------------
-    def usage_pending(self, owner: str) -> str:
-        """List: one chat worker process's usage rows not yet in a bulk task (JSON each)."""
-        return f"{self.prefix}:usage:pending:{owner}"
+    # --- the usage outbox: rows not yet written (shared/usage_outbox.py) ------------------
+    @property
+    def usage_rows(self) -> str:
+        """Hash: request_id -> a usage row (JSON) no bulk worker has written yet."""
+        return f"{self.prefix}:usage:rows"
 
     @property
-    def usage_owners(self) -> str:
-        """Sorted set: worker process -> last heartbeat (Redis time, ms) of each pending list;
-        a bulk worker sends on the rows of one that stopped beating (workers/usage_sweep.py)."""
-        return f"{self.prefix}:usage:owners"
-
-    def usage_sweep_lock(self, owner: str) -> str:
-        """String: a bulk worker is sending on a dead process's pending rows."""
-        return f"{self.prefix}:usage:sweep:{owner}"
+    def usage_due(self) -> str:
+        """Sorted set: request_id -> when (Redis time, ms) a sweep sends its row (again) if it
+        is still unwritten."""
+        return f"{self.prefix}:usage:due"
 
     # --- keys, rate limits (issue 6) ------------------------------------------------------
     def rate_window(self, scope: str, subject_id: str) -> str:

@@ -22,14 +22,46 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal, NotRequired
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 from typing_extensions import TypedDict  # pydantic validates only this one before 3.12
 
 from shared.errors import ErrorFrame, InvalidDraft, InvalidRequest
 from shared.tags import TagsField, UserField
+from shared.tracing.context import (
+    TRACEPARENT_FORMAT,
+    TRACESTATE_MAX_CHARS,
+    parse_traceparent,
+    valid_tracestate,
+)
 
 PROTOCOL_VERSION = 1
 ChatId = Annotated[str, Field(min_length=1, max_length=128)]
+
+
+def _check_traceparent(value: str) -> str:
+    if parse_traceparent(value) is None:
+        raise ValueError(f"must be a W3C traceparent ({TRACEPARENT_FORMAT})")
+    return value
+
+
+def _check_tracestate(value: str) -> str:
+    if not valid_tracestate(value):
+        raise ValueError(
+            f"must be a W3C tracestate: printable ASCII, at most {TRACESTATE_MAX_CHARS} chars"
+        )
+    return value
+
+
+Traceparent = Annotated[str, AfterValidator(_check_traceparent)]
+Tracestate = Annotated[str, AfterValidator(_check_tracestate)]
 
 
 class _Frame(BaseModel):
@@ -61,6 +93,11 @@ class ChatFrame(_Frame):
     # For the usage row only (shared/tags.py): the client's end user, and its labels.
     user: UserField | None = None
     tags: TagsField = None
+    # W3C trace context (shared/tracing/): the chat's spans continue it, over the one of the
+    # websocket's upgrade request. Unlike a malformed header (ignored, as the spec asks), a
+    # malformed field is refused (invalid_request): a client that sets it means it.
+    traceparent: Traceparent | None = None
+    tracestate: Tracestate | None = None
 
 
 # `model: "auto"` routes the chat to the small or the large model (shared/routing.py).

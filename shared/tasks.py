@@ -44,6 +44,10 @@ class ChatJob(BaseModel):
     received_at: float
     enqueued_at: float
     deadline_at: float  # unix seconds; a worker that finds the job later drops it
+    # W3C trace context of the gateway's admission span (shared/tracing/): set only while
+    # the gateway traces; the worker's spans continue it.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 class DraftJob(BaseModel):

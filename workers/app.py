@@ -26,7 +26,8 @@ from shared.keys import (
     SUMMARIZE_TASK,
     Keys,
 )
-from shared.redis.address import celery_broker_url
+from shared.metrics import start_process, stop_process
+from shared.redis.address import celery_broker_url, celery_transport_options
 from shared.settings import get_settings
 
 settings = get_settings()
@@ -75,6 +76,8 @@ app.conf.update(
         "visibility_timeout": settings.bulk_visibility_timeout_s,
         "unacked_restore_interval": 5,
         "unacked_restore_throttle": 1,
+        # A sentinel:// URL: kombu's sentinel transport, told the master's name here.
+        **celery_transport_options(settings.redis_url),
     },
     broker_connection_retry_on_startup=True,
     task_serializer="json",
@@ -117,12 +120,16 @@ def _start_process(sender: Any = None, **_: Any) -> None:
     """Before any task or bootstep: the loop, Redis, the cancel listener (workers/lifecycle.py)."""
     from shared.logs import hold_content_loggers
     from workers.lifecycle import lifecycle
+    from workers.load import celery_pool_probe
 
     # Before the pool exists: it decides once, at its start, whether to log task bodies.
     hold_content_loggers()
 
+    # Before any series of this process is made (shared/metrics/: multiprocess mode).
+    start_process(get_settings(), "worker")
     queues = tuple(sorted(app.amqp.queues.consume_from or app.amqp.queues))
-    lifecycle.start(getattr(sender, "hostname", None) or "worker", queues)
+    probe = celery_pool_probe(sender) if sender is not None else None
+    lifecycle.start(getattr(sender, "hostname", None) or "worker", queues, probe)
 
 
 @worker_shutdown.connect
@@ -131,3 +138,4 @@ def _stop_process(**_: Any) -> None:
     from workers.lifecycle import lifecycle
 
     lifecycle.stop(grace_s=SHUTDOWN_GRACE_S)
+    stop_process()

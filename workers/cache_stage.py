@@ -17,12 +17,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from shared.cache.calibrated import CALIBRATION
-from shared.cache.calibration import threshold_for
+from shared.cache.calibration import choose, threshold_for
 from shared.cache.index import Vector
 from shared.cache.policy import Policy, Query, judge, servable, storable
 from shared.cache.store import CacheStore, NewEntry, StoredAnswer
+from shared.cache.verify import table_key
 from shared.embeddings.base import Embedder
 from shared.embeddings.factory import make_embedder
+from shared.metrics import recorder
 from shared.protocol import done_chunk
 from shared.settings import Settings
 from shared.tasks import ChatJob
@@ -48,14 +50,23 @@ def policy_from(settings: Settings, embedder: str) -> Policy:
     """The cache policy of these settings for vectors of model ``embedder``: the threshold is
     the one set, else the one its calibration gives for the operator's risk."""
     threshold = settings.cache_threshold
+    verifier = settings.cache_verifier
     if threshold is None:
-        threshold = threshold_for(CALIBRATION, embedder, settings.cache_max_error_rate)
+        table = CALIBRATION.get(table_key(embedder, verifier), ())
+        if choose(table, settings.cache_max_error_rate) is None:
+            # No calibrated verified threshold meets the risk: the plain cosine at its
+            # strictest (a verified score is not on that scale).
+            verifier = "none"
+        threshold = threshold_for(
+            CALIBRATION, table_key(embedder, verifier), settings.cache_max_error_rate
+        )
     return Policy(
         threshold=threshold,
         context_threshold=settings.cache_context_threshold,
         context_messages=settings.cache_context_messages,
         max_temperature=settings.cache_max_temperature,
         store_truncated=settings.cache_store_truncated,
+        verifier=verifier,
     )
 
 
@@ -130,7 +141,7 @@ class CacheStage:
             query.partition,
             result.vector,
             k=self.settings.cache_candidates,
-            min_score=self.policy.threshold,
+            min_score=self.policy.min_score,
         )
         for score, candidate, answer in found:
             reason = judge(self.policy, query, candidate, score, result.context_vector)
@@ -294,9 +305,12 @@ async def lookup(
         stage = await get_stage(ctx)
         if stage is None:
             return None, Lookup(tier="off")
-        return stage, await stage.lookup(job, model, query)
+        result = await stage.lookup(job, model, query)
+        recorder.cache_lookup(result.tier, bool(result.reasons))
+        return stage, result
     except Exception:
         log.warning("cache lookup failed; answering uncached", exc_info=True)
+        recorder.cache_lookup("miss", False)
         return None, Lookup(tier="off")
 
 

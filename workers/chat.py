@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncGenerator, Coroutine
 from typing import Any, TypeVar
 
+from shared import tracing
 from shared.cache.policy import Query
 from shared.coalesce import Coalescer
 from shared.engines.base import Delta
@@ -196,6 +197,12 @@ class ChatRun:
 
     # --- the run --------------------------------------------------------------------------
     async def run(self) -> None:
+        job = self.job
+        trace = None
+        if tracing.on:  # the queue wait span, current for the chat's stages (their parent)
+            trace = tracing.queue_wait(
+                job, self.points["worker_start"], self.ctx.name, self.takeover is not None
+            )
         if not await self._admit():
             return
         self._task = asyncio.current_task()
@@ -214,6 +221,8 @@ class ChatRun:
             self.ctx.leases.release(self.job.job_id)
             for helper in self._helpers:
                 helper.cancel()
+            if trace is not None:
+                tracing.detach(trace)
 
     async def fail(self, exc: FirstTokenError) -> None:
         """End the chat with `exc` at once (a takeover that cannot continue it)."""
@@ -343,7 +352,9 @@ class ChatRun:
         return query, stage is not None and query is not None and stage.knows_exact(query)
 
     async def _lookup(self, query: Query | None) -> tuple[CacheStage | None, Lookup]:
-        result = await cache_stage.lookup(self.ctx, self.job, self.model, query)
+        with tracing.span("cache lookup") as span:
+            result = await cache_stage.lookup(self.ctx, self.job, self.model, query)
+            span.set("firsttoken.cache.tier", result[1].tier)
         self.points["cache_decided"] = time.time()
         return result
 

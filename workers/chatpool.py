@@ -44,6 +44,7 @@ from kombu.asynchronous.timer import Entry
 
 from shared.heap import freeze_startup_objects
 from shared.keys import CHAT_QUEUE
+from shared.metrics import recorder
 from shared.tasks import TaskCall
 from workers.app import SHUTDOWN_GRACE_S
 from workers.chat import HANDLERS, start_failover, warm_chat_worker
@@ -51,6 +52,7 @@ from workers.consumer import QueueConsumer, chat_consumer
 from workers.context import WorkerContext
 from workers.deferred import deferred
 from workers.lifecycle import lifecycle
+from workers.load import chat_pool_probe
 from workers.prefill import HANDLERS as PREFILL_HANDLERS
 
 log = logging.getLogger(__name__)
@@ -151,6 +153,8 @@ class ChatPool(bootsteps.StartStopStep):  # type: ignore[misc]  # celery: no ann
                 after_read=deferred.after_read,
                 events=events,
             )
+            ctx.load.watch(chat_pool_probe(self.reader))  # what the heartbeat reports
+            self.reader.load = recorder.worker_load(w.hostname, self.reader.concurrency)
             self._reading = asyncio.create_task(self.reader.run(), name="chat-queue-reader")
             self._keeping = asyncio.create_task(start_failover(ctx).run(), name="lease-keeper")
 

@@ -65,6 +65,14 @@ class TaskEvents(Protocol):
     def failed(self, call: TaskCall, exc: BaseException, runtime: float) -> None: ...
 
 
+class Load(Protocol):
+    """A gauge of the tasks running (prometheus_client's Gauge child)."""
+
+    def inc(self, amount: float = 1) -> None: ...
+
+    def dec(self, amount: float = 1) -> None: ...
+
+
 def priority_lists(list_key: str) -> list[str]:
     """Every Redis list kombu may hold a queue's messages in, in the order it reads them: a
     message of priority p > 0 lives in QUEUE + sep + p (0 is the highest priority)."""
@@ -130,6 +138,8 @@ class QueueConsumer:
         self._read_task: asyncio.Task[None] | None = None
         self.running: set[asyncio.Task[None]] = set()
         self.started = 0  # tasks started so far
+        # The in-flight gauge (shared/metrics/), set by the chat pool when metrics are on.
+        self.load: Load | None = None
         # The reads' own connection (opened on the first read, again after a failure) and
         # the commands, packed once.
         self._conn: RedisConnection | None = None
@@ -264,6 +274,8 @@ class QueueConsumer:
         task = asyncio.create_task(self._run_one(handler, call), name=f"{call.name}:{call.task_id}")
         self.running.add(task)
         self.started += 1
+        if self.load is not None:
+            self.load.inc()
         if self._first_use is not None:
             self._first_use.started()
         task.add_done_callback(self._finished)
@@ -293,6 +305,8 @@ class QueueConsumer:
     def _finished(self, task: asyncio.Task[None]) -> None:
         self.running.discard(task)
         self._slots.release()
+        if self.load is not None:
+            self.load.dec()
 
     def stop(self) -> None:
         """Stop reading (after the BRPOP in progress, if any); running tasks go on."""

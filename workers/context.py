@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -23,7 +25,9 @@ from shared.modeltable import ModelSpec, ModelTable, model_table
 from shared.redis.pipe import PipeScript, RedisPipe
 from shared.settings import Settings
 from shared.tasks import UsageRecord
+from shared.workerstatus import WorkerStatus
 from workers.failover import JobLeases
+from workers.load import WorkerLoad
 from workers.orphans import GatewayWatch
 from workers.usage_sweep import UsageSweeper
 
@@ -66,6 +70,9 @@ class WorkerContext:
     # Drafts being prefilled (workers/prefill.py): cancellable like chats, but no chat's lease,
     # follower check or takeover applies to them.
     prefills: dict[str, Cancellable] = field(default_factory=dict)
+    # What each heartbeat reports besides the time (`firsttoken workers`).
+    load: WorkerLoad = field(default_factory=WorkerLoad)
+    started_at: float = field(default_factory=time.time)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _heartbeat_task: asyncio.Task[None] | None = None
     _heartbeat_queues: tuple[str, ...] = ()
@@ -106,7 +113,7 @@ class WorkerContext:
             self._heartbeat_task = asyncio.create_task(self._heartbeat(queues))
             self._tasks.append(self._heartbeat_task)
             # Issue 29: a chat worker stops the chats of dead gateways; a bulk worker sends on
-            # the usage rows of dead chat workers.
+            # usage rows whose task was lost.
             if CHAT_QUEUE in queues:
                 watch = GatewayWatch(
                     self.pipe,
@@ -117,7 +124,9 @@ class WorkerContext:
                 )
                 self._tasks.append(asyncio.create_task(watch.run(), name="gateway-watch"))
             if BULK_QUEUE in queues:
-                sweeper = UsageSweeper(self.pipe, self.keys, self.name)
+                sweeper = UsageSweeper(
+                    self.pipe, self.keys, self.name, self.settings.usage_resend_after_s
+                )
                 self._tasks.append(asyncio.create_task(sweeper.run(), name="usage-sweep"))
 
     async def _listen_cancels(self, pubsub: aioredis.client.PubSub) -> None:
@@ -139,12 +148,34 @@ class WorkerContext:
                 run.cancel()
 
     async def _heartbeat(self, queues: tuple[str, ...]) -> None:
+        host, pid = socket.gethostname(), os.getpid()
+        ttl_ms = int(self.settings.worker_status_ttl_s * 1000)
         while True:
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     now = time.time()
                     for queue in queues:
                         pipe.zadd(self.keys.worker_heartbeats(queue), {self.name: now})
+                    # The same beat carries the load (one round trip, once a beat): the status
+                    # record, its index entry, and the index trimmed of records long expired.
+                    in_flight, capacity, done = self.load.sample()
+                    status = WorkerStatus(
+                        name=self.name,
+                        queues=queues,
+                        host=host,
+                        pid=pid,
+                        in_flight=in_flight,
+                        capacity=capacity,
+                        done=done,
+                        engine_errors=self.load.engine_errors,
+                        started_at=self.started_at,
+                        beat_at=now,
+                    )
+                    pipe.set(self.keys.worker_status(self.name), status.encode(), px=ttl_ms)
+                    pipe.zadd(self.keys.worker_statuses, {self.name: now})
+                    pipe.zremrangebyscore(
+                        self.keys.worker_statuses, "-inf", now - self.settings.worker_status_ttl_s
+                    )
                     await pipe.execute()
             except asyncio.CancelledError:
                 raise
@@ -164,6 +195,9 @@ class WorkerContext:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for queue in self._heartbeat_queues:
                     pipe.zrem(self.keys.worker_heartbeats(queue), self.name)
+                if self._heartbeat_queues:  # a worker stopped in order is no longer listed
+                    pipe.delete(self.keys.worker_status(self.name))
+                    pipe.zrem(self.keys.worker_statuses, self.name)
                 await pipe.execute()
         for engine in self._engines.values():
             with contextlib.suppress(Exception):

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from shared import tracing
 from shared.engines.base import Delta, Engine, EngineRequest
 from shared.engines.deadlines import EngineStalled, with_deadlines
 from shared.errors import DeadlineExceeded, EngineError, FirstTokenError
@@ -146,6 +148,11 @@ class Generation:
             request_id = self._request_id if index == 0 else f"{self._request_id}-{index}"
             self._current = (engine, request_id)
             request = dataclasses.replace(self._request, model=spec.engine_model)
+            span = tracing.engine_span(spec.name) if tracing.on else None
+            if span is not None:
+                request = dataclasses.replace(
+                    request, traceparent=span.traceparent, tracestate=span.tracestate
+                )
             seen = False
             try:
                 deltas = with_deadlines(
@@ -161,6 +168,9 @@ class Generation:
                 return
             except FirstTokenError as raised:
                 exc = from_model(raised, spec.name)
+                if span is not None:  # a failover's attempt too: its span says why
+                    span.end(exc)
+                    span = None
                 left = len(chain) - index - 1
                 if seen and exc is raised:
                     raise
@@ -180,6 +190,8 @@ class Generation:
                     await self._on_failover(self.failures[-1], nxt)
             finally:
                 self._current = None
+                if span is not None:
+                    span.end(sys.exc_info()[1])
 
     async def abort(self) -> None:
         """Abort the engine request in flight, if any (the stream's owner is going away)."""

@@ -24,6 +24,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 
+from shared import tracing
 from shared.keys import CHAT_QUEUE, Keys
 from shared.redis.client import redis_client
 from shared.redis.pipe import RedisPipe
@@ -32,6 +33,7 @@ from workers.cache_stage import close_stage
 from workers.context import WorkerContext
 from workers.db import close_database
 from workers.failover import JobLeases
+from workers.load import Probe
 from workers.publish import SEND_LUA
 from workers.runtime import LoopRunner, runner
 from workers.usage import UsageBatcher
@@ -60,7 +62,13 @@ def open_context(name: str) -> WorkerContext:
         name=name,
         pipe=pipe,
         chunks=pipe.script(SEND_LUA),
-        usage=UsageBatcher(pipe, keys, name, settings.usage_batch_ms / 1000.0),
+        usage=UsageBatcher(
+            pipe,
+            keys,
+            name,
+            settings.usage_batch_ms / 1000.0,
+            resend_after_s=settings.usage_resend_after_s,
+        ),
         leases=JobLeases(pipe, keys.worker_jobs(name), settings.replay_ttl_s),
     )
 
@@ -74,6 +82,9 @@ class WorkerLifecycle:
         self.queues: tuple[str, ...] = ()
         self._context: WorkerContext | None = None
         self._opening: asyncio.Lock | None = None
+        # A thread pool's load (workers/load.py), read by the heartbeat; a chat worker's comes
+        # from its chat pool instead (workers/chatpool.py).
+        self._probe: Probe | None = None
 
     @property
     def chat(self) -> bool:
@@ -85,6 +96,7 @@ class WorkerLifecycle:
     async def open(self, name: str, queues: tuple[str, ...]) -> WorkerContext:
         """Redis, the cancel listener, and (not a chat worker) the heartbeat."""
         self.name, self.queues = name, queues
+        tracing.configure(get_settings(), "firsttoken-worker", name)
         return await self.context()
 
     async def context(self) -> WorkerContext:
@@ -99,6 +111,8 @@ class WorkerLifecycle:
                 ctx = open_context(self.name)
                 await ctx.open()
                 await ctx.start_cancel_listener()
+                if self._probe is not None and not self.chat:
+                    ctx.load.watch(self._probe)
                 if not self.chat:
                     ctx.start_heartbeat(self.queues)
                 self._context = ctx
@@ -125,11 +139,16 @@ class WorkerLifecycle:
         if ctx is not None:
             await ctx.close()
         await close_database()
+        tracing.shutdown()
 
     # -- from a Celery thread -----------------------------------------------------------
 
-    def start(self, name: str, queues: tuple[str, ...]) -> WorkerContext:
-        """Start the loop and :meth:`open` on it; returns once both are up."""
+    def start(
+        self, name: str, queues: tuple[str, ...], probe: Probe | None = None
+    ) -> WorkerContext:
+        """Start the loop and :meth:`open` on it; returns once both are up. `probe`: the
+        Celery pool's load, for the heartbeat of a worker without the chat queue."""
+        self._probe = probe
         return self.runner.run(self.open(name, queues))
 
     def stop(self, grace_s: float) -> None:

@@ -1,6 +1,10 @@
 """Durable writes on the `bulk` queue: usage rows (one per task, or a chat worker's batch of
 them, see workers/usage.py) and (when `store_text`) the turn's messages.
 
+A usage row leaves the usage outbox (shared/usage_outbox.py) once its write committed, and its
+due time moves on while its task waits out a retry; a task lost before it got here leaves the
+row there for a sweep to send again.
+
 Each task validates its JSON payload into the shared model and runs an idempotent write
 (keyed on request_id) on the process loop. While the database is unavailable the task is
 retried with capped, jittered exponential backoff; `acks_late` keeps the message in Redis until
@@ -10,19 +14,22 @@ the write committed, so an outage delays rows but never loses or duplicates them
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from celery import Task
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.db.errors import DatabaseUnavailable, is_retryable
-from shared.db.writes import insert_messages, insert_usage, insert_usage_rows
+from shared.db.writes import insert_messages, insert_usage_rows
 from shared.keys import PERSIST_MESSAGES_TASK, PERSIST_USAGE_BATCH_TASK, PERSIST_USAGE_TASK
+from shared.redis.pipe import RedisPipe
 from shared.settings import get_settings
 from shared.tasks import MessagesRecord, UsageRecord
+from shared.usage_outbox import TOUCH_LUA, WRITTEN_LUA
 from workers.app import app
 from workers.db import database
+from workers.lifecycle import lifecycle
 from workers.runtime import runner
 
 log = logging.getLogger(__name__)
@@ -58,6 +65,30 @@ async def _write(write: Callable[[AsyncSession, R], Awaitable[T]], record: R, wh
         raise DatabaseUnavailable(f"database unavailable for {what}: {exc!r}") from exc
 
 
+async def _write_usage(records: list[UsageRecord], label: str) -> int:
+    """Write the rows, then take them out of the outbox (or, while the task is retried, keep
+    a sweep from sending them again)."""
+    ctx = await lifecycle.context()
+    keys, ids = ctx.keys, [record.request_id for record in records]
+    try:
+        written = await _write(insert_usage_rows, records, label)
+    except DatabaseUnavailable:
+        resend_after_ms = int(settings.usage_resend_after_s * 1000)
+        _on_pipe(ctx.pipe, TOUCH_LUA, [keys.usage_due], [resend_after_ms, *ids])
+        raise
+    _on_pipe(ctx.pipe, WRITTEN_LUA, [keys.usage_due, keys.usage_rows], ids)
+    return written
+
+
+def _on_pipe(pipe: RedisPipe, lua: str, keys: Sequence[str], args: Sequence[str | int]) -> None:
+    # Queued, not awaited: a row whose removal is lost to a Redis outage is sent once more and
+    # written once.
+    try:
+        pipe.script(lua).send(keys, args)
+    except ConnectionError:
+        log.warning("Redis unreachable: usage rows stay in the outbox (%d)", len(args))
+
+
 def _note_retry(task: Task, what: str) -> None:
     # First failure only: a long outage would otherwise log every retry of every task.
     if task.request.retries == 0:
@@ -69,7 +100,7 @@ def persist_usage(self: Task, usage: dict[str, Any]) -> bool:
     """Write one usage row; True when it was new."""
     record = UsageRecord.model_validate(usage)
     try:
-        return runner.run(_write(insert_usage, record, record.request_id))
+        return runner.run(_write_usage([record], record.request_id)) == 1
     except DatabaseUnavailable:
         _note_retry(self, record.request_id)
         raise
@@ -85,7 +116,7 @@ def persist_usage_batch(self: Task, usage: list[dict[str, Any]]) -> int:
     records = [UsageRecord.model_validate(row) for row in usage]
     label = f"{len(records)} usage rows ({records[0].request_id}, ...)" if records else "0 rows"
     try:
-        return runner.run(_write(insert_usage_rows, records, label))
+        return runner.run(_write_usage(records, label))
     except DatabaseUnavailable:
         _note_retry(self, label)
         raise

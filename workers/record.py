@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shared.keys import BULK_QUEUE, PERSIST_MESSAGES_TASK
+from shared.metrics import recorder
 from shared.tasks import ChatJob, MessagesRecord, UsageRecord, task_message
 from shared.timing import elapsed_ms
 from workers.usage_row import analytics_fields
@@ -38,7 +39,7 @@ class Outcome:
 
 def record(ctx: WorkerContext, job: ChatJob, points: dict[str, float], outcome: Outcome) -> None:
     """Queue the usage row (workers/usage.py's UsageBatcher) and the turn's text on the
-    process's Redis pipe; never fails the chat.
+    process's Redis pipe, and free the chat's stream slot; never fails the chat.
 
     Call it before the chat's last chunk (`done`, or the error) is published: both go on the
     same pipe, which Redis runs in order, so no client sees `done` for a row Redis does not
@@ -64,6 +65,15 @@ def record(ctx: WorkerContext, job: ChatJob, points: dict[str, float], outcome: 
         **analytics_fields(ctx.models, job, outcome),
     )
     ctx.usage.add(usage)
+    try:
+        # The key's stream slot, freed here too and not only by the gateway as it relays the
+        # end: a gateway killed just after that never would, and the slot would stay held
+        # until its lease ran out (issue 29). Freeing it twice is a no-op.
+        ctx.pipe.send((b"ZREM", ctx.keys.key_streams(job.key_id).encode(), job.job_id.encode()))
+    except ConnectionError:
+        pass  # the lease expires on its own
+    ctx.load.ended(outcome.finish_reason)
+    recorder.chat_ended(job, points, outcome, now)  # the same points, as metrics
     keep_text = ctx.settings.store_text or outcome.conversation_id is not None
     if not keep_text or outcome.status != "ok":
         return

@@ -1,65 +1,39 @@
-"""A bulk worker sends on the usage rows a dead chat worker left in Redis (issue 29).
+"""A bulk worker queues again the usage rows whose task never reached a write (issue 29).
 
-Each chat worker process appends its chats' usage rows to a pending list before their `done`
-is sent and takes them off when their batch's task is queued (workers/usage.py). A process
-killed in between leaves rows there and stops beating in `Keys.usage_owners`; every bulk worker
-looks once per SWEEP_INTERVAL_S for owners silent longer than USAGE_OWNER_DEAD_S and queues
-their rows as ordinary batch tasks, under a short lock so two bulk workers do not both send
-them (if they did, the write's idempotence on request_id makes the second a no-op).
+Every usage row waits in the usage outbox (shared/usage_outbox.py) until a bulk worker has
+written it. Once per SWEEP_INTERVAL_S every bulk worker claims the rows past their due time (a
+chat worker that died before it queued them, a task lost on the way) and queues them as
+ordinary batch tasks. The claim moves their due time on in the same script, so two bulk
+workers do not both send them; if one's task is lost too, the next sweep sends them again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
 from shared.keys import BULK_QUEUE, Keys
 from shared.redis.pipe import RedisPipe
-from workers.usage import FLUSH_LUA, USAGE_OWNER_DEAD_S, usage_batch_message
+from shared.usage_outbox import CLAIM_LUA, CLAIM_ROWS, MAX_BACKLOG, QUEUE_LUA
+from workers.usage import usage_batch_message
 
 log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL_S = 2.0
-# Rows per task sent on (a batcher's own cap).
-SWEEP_ROWS = 200
-# A sweeper that died holding the lock lets another one try after this.
-SWEEP_LOCK_MS = 30_000
-
-# KEYS: the owners set.  ARGV: silence (ms) after which an owner is dead, how many to return.
-DEAD_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]), 'LIMIT', 0,
-  tonumber(ARGV[2]))
-"""
-
-# KEYS: the owners set, the sweep lock, the owner's pending list.
-# ARGV: the owner, silence (ms), lock ms, rows.  Returns the rows to send (none: the owner is
-# gone from the set), or nil where the owner beats again or another sweeper holds the lock.
-CLAIM_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local beat = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not beat or tonumber(beat) > now - tonumber(ARGV[2]) then return false end
-if not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[3]) then return false end
-local rows = redis.call('LRANGE', KEYS[3], 0, tonumber(ARGV[4]) - 1)
-if #rows == 0 then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('DEL', KEYS[2])
-end
-return rows
-"""
 
 
 class UsageSweeper:
     """One per bulk worker process, on its loop; see the module docstring."""
 
-    def __init__(self, pipe: RedisPipe, keys: Keys, origin: str) -> None:
-        self._pipe, self._keys, self._origin = pipe, keys, origin
-        self._dead = pipe.script(DEAD_LUA)
+    def __init__(
+        self, pipe: RedisPipe, keys: Keys, origin: str, resend_after_s: float = 60.0
+    ) -> None:
+        self._keys, self._origin = keys, origin
+        self._resend_after_ms = int(resend_after_s * 1000)
         self._claim = pipe.script(CLAIM_LUA)
-        self._flush = pipe.script(FLUSH_LUA)
+        self._queue = pipe.script(QUEUE_LUA)
         self.sent = 0  # rows sent on, for the logs and tests
 
     async def run(self) -> None:
@@ -71,28 +45,23 @@ class UsageSweeper:
                 log.debug("usage sweep failed: %r", exc)
 
     async def sweep(self) -> int:
-        """Send on every dead owner's rows; returns how many rows were queued."""
-        silence_ms = int(USAGE_OWNER_DEAD_S * 1000)
-        owners: Any = await self._dead([self._keys.usage_owners], [silence_ms, 50])
-        sent = 0
-        for owner in owners or []:  # the pipe's replies are decoded: str
-            sent += await self._sweep_owner(str(owner), silence_ms)
+        """Queue every row past its due time; returns how many were queued."""
+        keys, sent = self._keys, 0
+        queue = keys.queue_list(BULK_QUEUE)
+        while True:
+            claimed: Any = await self._claim(
+                [keys.usage_due, keys.usage_rows, queue],
+                [CLAIM_ROWS, self._resend_after_ms, MAX_BACKLOG],
+            )
+            if not claimed:
+                break
+            ids = [str(x) for x in claimed[0::2]]  # the pipe's replies are decoded: str
+            rows = [json.loads(str(row)) for row in claimed[1::2]]
+            message = usage_batch_message(rows, self._origin)
+            await self._queue([queue, keys.usage_due], [message, self._resend_after_ms, *ids])
+            log.warning("queued %d usage rows again: their task never reached a write", len(ids))
+            sent += len(ids)
+            if len(ids) < CLAIM_ROWS:
+                break
         self.sent += sent
         return sent
-
-    async def _sweep_owner(self, owner: str, silence_ms: int) -> int:
-        keys = self._keys
-        pending, lock = keys.usage_pending(owner), keys.usage_sweep_lock(owner)
-        sent = 0
-        while True:
-            rows: Any = await self._claim(
-                [keys.usage_owners, lock, pending], [owner, silence_ms, SWEEP_LOCK_MS, SWEEP_ROWS]
-            )
-            if not rows:
-                return sent
-            texts = [str(row) for row in rows]
-            message = usage_batch_message(texts, self._origin)
-            await self._flush([keys.queue_list(BULK_QUEUE), pending], [message, *texts])
-            await self._pipe.call("DEL", lock)
-            log.warning("sent on %d usage rows of %s, which stopped", len(texts), owner)
-            sent += len(texts)

@@ -206,8 +206,9 @@ class RelayBench:
 
         from firsttoken.bench.producer import config_key
         from shared.keys import Keys
+        from shared.redis.client import master_url
 
-        client = redis.Redis.from_url(self.stack.redis_url)
+        client = redis.Redis.from_url(master_url(self.stack.redis_url))
         client.hset(
             config_key(Keys(self.stack.prefix)),
             mapping={"token_rate": token_rate, "tokens_per_frame": tokens_per_frame},

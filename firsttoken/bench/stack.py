@@ -26,6 +26,7 @@ from typing import Any
 
 from firsttoken.bench.profiles import Profile
 from firsttoken.procs import Child, gateway_args, stop_all
+from shared.redis.client import master_url
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -130,7 +131,7 @@ def redis_pid(url: str) -> int | None:
     import redis
 
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=1.0)
+        client = redis.Redis.from_url(master_url(url), socket_connect_timeout=1.0)
         try:
             pid = int(client.info("server")["process_id"])
         finally:
@@ -145,7 +146,7 @@ def _redis_ok(url: str) -> bool:
     import redis
 
     try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+        return bool(redis.Redis.from_url(master_url(url), socket_connect_timeout=0.5).ping())
     except Exception:  # noqa: BLE001 - any failure means: use the embedded Redis
         return False
 
@@ -226,6 +227,9 @@ class BenchStack:
             "key_max_streams_default": "0",
             "tenant_rpm_default": "0",
             "tenant_tpm_default": "0",
+            # Metrics as `firsttoken up` keeps them: every process in one multiprocess
+            # directory (`--set metrics=off` measures without).
+            "metrics_dir": str(self.workdir / "metrics"),
             **self.settings,
         }
         env.update({f"FIRSTTOKEN_{k.upper()}": v for k, v in values.items()})
@@ -356,7 +360,7 @@ class BenchStack:
             try:
                 import redis
 
-                client = redis.Redis.from_url(self.redis_url)
+                client = redis.Redis.from_url(master_url(self.redis_url))
                 keys = list(client.scan_iter(f"{self.prefix}*", count=1000))
                 for i in range(0, len(keys), 500):
                     client.delete(*keys[i : i + 500])

@@ -13,6 +13,8 @@ import numpy as np
 
 from shared.cache.guards import Features, disagreement, features
 from shared.cache.normalize import Turn, context_key, exact_key, partition_key, split_turn
+from shared.cache.verify import MAX_RAISE, verified_score
+from shared.cache.verify import NAME as VERIFIER
 from shared.protocol import Message
 
 
@@ -27,6 +29,15 @@ class Policy:
     context_messages: int = 4  # recent earlier messages embedded when context_threshold is set
     max_temperature: float = 0.7
     store_truncated: bool = False
+    # "overlap": the threshold is compared with the cosine adjusted by the shape of the edit
+    # between the two questions (shared/cache/verify.py); "none": with the cosine.
+    verifier: str = "none"
+
+    @property
+    def min_score(self) -> float:
+        """The least cosine a candidate may have to be served at all: the verifier can raise a
+        score, so candidates are fetched from that far below the threshold."""
+        return self.threshold - (MAX_RAISE if self.verifier == VERIFIER else 0.0)
 
 
 def storable(
@@ -121,6 +132,8 @@ def judge(
     context_vector: np.ndarray | None,
 ) -> str | None:
     """None when ``candidate`` may answer ``query``; else the reason it may not."""
+    if policy.verifier == VERIFIER and score >= policy.min_score:
+        score = verified_score(score, candidate.question, query.raw_question)
     if score < policy.threshold:
         return "similarity"
     if candidate.completion_tokens > query.max_tokens:

@@ -18,6 +18,10 @@ class EngineRequest:
     # The last message is the start of the assistant's answer, to be continued (a chat taken
     # over after its worker died, shared/failover.py): vLLM's `continue_final_message`.
     continue_final: bool = False
+    # W3C trace context of the engine request's span (shared/tracing/), sent to the engine
+    # (a `traceparent` header; vLLM continues it). None while tracing is off.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,3 +58,19 @@ class Engine(Protocol):
     async def abort(self, request_id: str) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+def trace_headers(request: EngineRequest) -> dict[str, str]:
+    """The W3C headers of a traced request (none for an untraced one)."""
+    headers: dict[str, str] = {}
+    if request.traceparent is not None:
+        headers["traceparent"] = request.traceparent
+        if request.tracestate:
+            headers["tracestate"] = request.tracestate
+    return headers
+
+
+def trace_header_lines(request: EngineRequest) -> bytes:
+    """:func:`trace_headers` as HTTP/1.1 header lines. The values were checked (the client's
+    by shared/tracing/context.py, the rest made by OpenTelemetry): printable ASCII, no CR/LF."""
+    return "".join(f"{k}: {v}\r\n" for k, v in trace_headers(request).items()).encode("latin-1")

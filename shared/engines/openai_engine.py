@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from shared.engines.base import Delta, EngineRequest, EngineStats
+from shared.engines.base import Delta, EngineRequest, EngineStats, trace_header_lines
 from shared.engines.httpstream import HTTPStreamPool, StreamedResponse
 from shared.errors import ConfigError, EngineError
 from shared.settings import Settings
@@ -193,7 +193,10 @@ class OpenAIEngine:
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
         try:
-            response = await self._http.post(self._head, orjson.dumps(body))
+            head = self._head
+            if request.traceparent is not None:  # vLLM and the sim-server continue it
+                head += trace_header_lines(request)
+            response = await self._http.post(head, orjson.dumps(body))
         except TimeoutError as exc:  # the connect deadline
             raise self._error(EngineError, "the engine timed out connecting", exc) from exc
         except OSError as exc:

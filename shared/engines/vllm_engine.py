@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import Any
 
-from shared.engines.base import Delta, EngineRequest, EngineStats
+from shared.engines.base import Delta, EngineRequest, EngineStats, trace_headers
 from shared.errors import ConfigError, EngineError
 from shared.protocol import Message
 from shared.settings import Settings
@@ -70,7 +70,13 @@ class VLLMEngine:
         finished = False
         completion_tokens = 0
         try:
-            outputs = self._llm.generate(prompt, self._sampling_params(**params), request_id)
+            sampling = self._sampling_params(**params)
+            if request.traceparent is None:
+                outputs = self._llm.generate(prompt, sampling, request_id)
+            else:  # vLLM continues the trace (its spans, with --otlp-traces-endpoint)
+                outputs = self._llm.generate(
+                    prompt, sampling, request_id, trace_headers=trace_headers(request)
+                )
             async with aclosing(outputs), aclosing(_until(outputs, waker)) as steps:
                 async for out in steps:
                     if out is None:

@@ -1,7 +1,9 @@
 """The one Redis seam: every firsttoken process reaches Redis through these modules.
 
 - ``address``: where and how to connect, read from the redis:// / rediss:// / unix:// URL
-  (TLS, AUTH, SELECT, client name, connect timeout), and Celery's broker URL for it.
+  (TLS, AUTH, SELECT, client name, connect timeout, Sentinels), and Celery's broker URL for it.
+- ``sentinel``: which server is the master of a sentinel:// URL, asked of its Sentinels each
+  time a connection opens (every client below goes through it).
 - ``resp``: commands packed to RESP bytes; the hiredis reply parser with redis-py's error classes.
 - ``connection``: one asyncio connection that writes packed commands and reads replies (the
   pipe, the chat queue's reads and the bench producer stand on it).

@@ -7,9 +7,19 @@ the connections of this package and Celery's broker:
     rediss://...          TLS; ?ssl_cert_reqs=none|optional|required, ?ssl_ca_certs=FILE,
                           ?ssl_certfile=FILE, ?ssl_keyfile=FILE, ?ssl_check_hostname=false
     unix://[[user]:password@]/path/to/redis.sock[?db=N]
+    sentinel://[[user]:password@]host:26379[/db];sentinel://host2:26379;...?master_name=NAME
+                          the master Sentinel names NAME (kombu's form: one sentinel:// per
+                          Sentinel, joined by ``;``; the user, password and db are the master's,
+                          read off the first; ``master_name`` may sit on any part, default
+                          ``mymaster``; ``?sentinel_password=`` when the Sentinels want one)
 
 plus ``?db=N``, ``?client_name=NAME`` and ``?socket_connect_timeout=SECONDS`` on any of them.
 Other query parameters (redis-py's pool and socket options) are left to redis-py.
+
+A Sentinel URL names no host to connect to: shared/redis/sentinel.py asks the Sentinels for
+the master each time a connection opens (every client of this package, redis-py's included,
+goes through it); Celery's broker gets kombu's own ``sentinel://`` transport
+(:func:`celery_broker_url` and :func:`celery_transport_options`).
 
 Everything here is pure apart from :meth:`TlsOptions.context`, which reads the certificate files.
 """
@@ -18,11 +28,14 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass, field, replace
-from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit
+from typing import Any
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from shared.redis.resp import pack
 
-SCHEMES = ("redis", "rediss", "unix")
+SCHEMES = ("redis", "rediss", "unix", "sentinel")
+SENTINEL_PORT = 26379
+DEFAULT_MASTER_NAME = "mymaster"  # Sentinel's own example name, and kombu's docs'
 DEFAULT_CONNECT_TIMEOUT_S = 5.0  # a Redis that is not there fails fast and is retried
 _FALSE = ("0", "F", "FALSE", "N", "NO")  # redis-py's spelling of a false query flag
 _CERT_REQS = ("none", "optional", "required")
@@ -64,11 +77,28 @@ class RedisAddress:
     tls: TlsOptions | None = None
     client_name: str | None = None  # the URL's, used when a connection is given none
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    # Set for a sentinel:// URL: the Sentinels to ask, and for which master. host and port
+    # are then the master's once shared/redis/sentinel.py has resolved them.
+    sentinels: tuple[tuple[str, int], ...] = ()
+    master_name: str = DEFAULT_MASTER_NAME
+    sentinel_password: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_url(cls, url: str) -> RedisAddress:
-        """Read a redis://, rediss:// or unix:// URL; a ValueError says what is wrong with it."""
+        """Read a redis://, rediss://, unix:// or sentinel:// URL; a ValueError says what is
+        wrong with it."""
+        if url.startswith("sentinel://"):
+            return _parse_sentinel_url(url)
         return _parse_url(url)
+
+    @property
+    def sentinel(self) -> bool:
+        """Whether the master is found through Sentinels (a sentinel:// URL)."""
+        return bool(self.sentinels)
+
+    def at(self, host: str, port: int) -> RedisAddress:
+        """This address pointed at one server (the master a Sentinel named)."""
+        return replace(self, host=host, port=port, sentinels=())
 
     def handshake(self, client_name: str | None = None) -> list[bytes]:
         """The commands a new connection sends first, in redis-py's order (AUTH, CLIENT SETNAME,
@@ -91,6 +121,9 @@ class RedisAddress:
         """The address without its credentials, for messages."""
         if self.path is not None:
             return f"unix://{self.path}?db={self.db}"
+        if self.sentinels:
+            where = ",".join(f"{host}:{port}" for host, port in self.sentinels)
+            return f"sentinel://{where}/{self.db} (master {self.master_name!r})"
         scheme = "rediss" if self.tls is not None else "redis"
         return f"{scheme}://{self.host}:{self.port}/{self.db}"
 
@@ -124,6 +157,48 @@ def _parse_url(url: str) -> RedisAddress:
         host=unquote(parts.hostname) if parts.hostname else "localhost",
         port=port,
         tls=_tls(query) if parts.scheme == "rediss" else None,
+    )
+
+
+def _parse_sentinel_url(url: str) -> RedisAddress:
+    """:meth:`RedisAddress.from_url` of a sentinel:// URL (see the module docstring)."""
+    parts = [urlsplit(part) for part in url.split(";") if part.strip()]
+    sentinels = []
+    query: dict[str, str] = {}
+    for part in parts:
+        if part.scheme != "sentinel":
+            raise ValueError(
+                "every part of a Sentinel URL starts with sentinel://, as in "
+                f"sentinel://h1:26379;sentinel://h2:26379 (got {_redacted(url)!r})"
+            )
+        try:
+            port = part.port or SENTINEL_PORT
+        except ValueError:
+            raise ValueError(
+                f"the port of a Sentinel is a number (got {_redacted(url)!r})"
+            ) from None
+        if not part.hostname:
+            raise ValueError(f"each sentinel:// part names a host (got {_redacted(url)!r})")
+        sentinels.append((unquote(part.hostname), port))
+        query.update({k: v[0] for k, v in parse_qs(part.query, keep_blank_values=True).items()})
+    if not sentinels:
+        raise ValueError("a Sentinel URL names at least one Sentinel, as in sentinel://h1:26379")
+    first = parts[0]
+    # The master's own options, read as a redis:// URL's (no TLS through Sentinels here).
+    master = _parse_url(urlunsplit(("redis", first.netloc, first.path, urlencode(query), "")))
+    name = query.get("master_name", DEFAULT_MASTER_NAME)
+    if not name:
+        raise ValueError(
+            "master_name in a Sentinel URL names the master, as in ?master_name=mymaster"
+        )
+    host, port = sentinels[0]
+    return replace(
+        master,
+        host=host,
+        port=port,
+        sentinels=tuple(sentinels),
+        master_name=name,
+        sentinel_password=query.get("sentinel_password") or None,
     )
 
 
@@ -179,7 +254,15 @@ def celery_broker_url(redis_url: str) -> str:
 
     redis-py and this package read a Unix socket as ``unix:///path?db=N``; kombu has no
     ``unix`` transport and spells the same socket ``redis+socket:///path?virtual_host=N``.
-    Other URLs (``redis://``, ``rediss://``) are the same for both and pass unchanged."""
+    Other URLs (``redis://``, ``rediss://``) are the same for both and pass unchanged; a
+    ``sentinel://`` URL loses its query (the master's name and the timeouts go to kombu as
+    transport options: :func:`celery_transport_options`)."""
+    if redis_url.startswith("sentinel://"):
+        # kombu hands a Sentinel URL's query to Connection() on a switch to the next
+        # Sentinel, which takes no such arguments: options go as transport options.
+        return ";".join(
+            urlsplit(part)._replace(query="").geturl() for part in redis_url.split(";") if part
+        )
     parts = urlsplit(redis_url)
     if parts.scheme != "unix":
         return redis_url
@@ -187,3 +270,19 @@ def celery_broker_url(redis_url: str) -> str:
     renamed = [("virtual_host" if name == "db" else name, value) for name, value in query]
     url = f"redis+socket://{parts.netloc}{parts.path}"
     return f"{url}?{urlencode(renamed)}" if renamed else url
+
+
+def celery_transport_options(redis_url: str) -> dict[str, Any]:
+    """The kombu transport options ``redis_url`` needs beyond the broker URL: for a Sentinel
+    URL the master's name (and the Sentinels' password), as kombu's sentinel transport reads
+    them; nothing for the others."""
+    if not redis_url.startswith("sentinel://"):
+        return {}
+    address = _parse_sentinel_url(redis_url)
+    options: dict[str, Any] = {
+        "master_name": address.master_name,
+        "socket_connect_timeout": address.connect_timeout_s,
+    }
+    if address.sentinel_password is not None:
+        options["sentinel_kwargs"] = {"password": address.sentinel_password}
+    return options

@@ -9,7 +9,8 @@ every call (and, on Python 3.11, a task per timed write), which the paths above 
 Opening a connection (:func:`open_transport`, shared with the gateway's pub/sub reader in
 shared/redis/pubsub.py, which parses inside its protocol's callback instead) follows the
 address: TCP, TLS or a Unix socket, then AUTH, CLIENT SETNAME and SELECT, all bounded by the
-address's connect timeout.
+address's connect timeout. A Sentinel URL's address is resolved first, on every open
+(shared/redis/sentinel.py): a connection opened again after a failover finds the new master.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import hiredis
 
 from shared.redis.address import RedisAddress
 from shared.redis.resp import error_text, pack, reply_parser
+from shared.redis.sentinel import check_master, master_of
 
 READ_SIZE = 65536  # bytes per read of replies
 STREAM_LIMIT = 65536  # the stream's buffer (asyncio's default): reading pauses beyond twice it
@@ -32,7 +34,9 @@ P = TypeVar("P", bound=asyncio.BaseProtocol)
 async def open_transport(
     address: RedisAddress, protocol_factory: Callable[[], P]
 ) -> tuple[asyncio.Transport, P]:
-    """A transport to ``address`` (TCP, TLS or Unix socket); the caller bounds the time."""
+    """A transport to ``address`` (TCP, TLS or Unix socket; a Sentinel URL's master); the
+    caller bounds the time."""
+    address = await master_of(address)
     loop = asyncio.get_running_loop()
     if address.path is not None:
         return await loop.create_unix_connection(protocol_factory, address.path)
@@ -71,7 +75,8 @@ class RedisConnection:
         cls, address: RedisAddress | str, *, client_name: str | None = None, decode: bool = False
     ) -> RedisConnection:
         """Connect and authenticate, name and select as ``address`` says, within its connect
-        timeout. ``decode``: strings in replies come back as str instead of bytes.
+        timeout. ``decode``: strings in replies come back as str instead of bytes. Through
+        Sentinels, the server named is checked to be the master (``ROLE``).
 
         Raises ConnectionError when Redis refuses the handshake (a wrong password, say),
         TimeoutError when it does not answer in time, OSError when it cannot be reached."""
@@ -83,10 +88,13 @@ class RedisConnection:
         conn: RedisConnection | None = None
         try:
             async with asyncio.timeout(address.connect_timeout_s):
-                transport, _ = await open_transport(address, lambda: protocol)
+                target = await master_of(address)
+                transport, _ = await open_transport(target, lambda: protocol)
                 out = asyncio.StreamWriter(transport, protocol, stream, loop)
-                conn = cls(address, stream, out, reply_parser(decode=decode))
+                conn = cls(target, stream, out, reply_parser(decode=decode))
                 await conn.handshake(client_name)
+                if address.sentinel:
+                    check_master(await conn.call(b"ROLE"), target)
         except TimeoutError:
             if conn is not None:
                 conn.close()

@@ -21,13 +21,15 @@ then its `done`).
 
 Faults: replies are matched to the calls in flight in order. An error reply goes to the call's
 future, or is logged when the call asked for no reply (a ``NOSCRIPT`` after a ``SCRIPT FLUSH``
-is handled like a lost connection). If the connection drops, the pipe reconnects, loads its
-scripts again and sends again every call not yet answered whose caller still waits: **send only
-commands that may run twice** (a chunk is dropped by its ``seq``; the admission script is
-idempotent per job). A caller that gave up (its future cancelled) is not sent again, though a
-call already written may have run. While Redis is unreachable the calls wait in memory; after
-``down_fail_s`` without Redis, or with ``max_pending`` calls waiting, a new call raises
-:class:`ConnectionError`, so a chat ends instead of buffering forever.
+is handled like a lost connection, and so is a ``READONLY``: the server was demoted by a
+Sentinel failover, and the reconnect asks the Sentinels for the new master). If the connection
+drops, the pipe reconnects, loads its scripts again and sends again every call not yet answered
+whose caller still waits: **send only commands that may run twice** (a chunk is dropped by its
+``seq``; the admission script is idempotent per job). A caller that gave up (its future
+cancelled) is not sent again, though a call already written may have run. While Redis is
+unreachable the calls wait in memory; after ``down_fail_s`` without Redis, or with
+``max_pending`` calls waiting, a new call raises :class:`ConnectionError`, so a chat ends
+instead of buffering forever.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseError
 
 from shared.redis.address import RedisAddress
 from shared.redis.connection import READ_SIZE, RedisConnection
@@ -262,21 +264,32 @@ class RedisPipe:
                 raise ConnectionError("Redis closed the connection")
             parser.feed(data)
             while (answer := parser.gets()) is not False:
-                if isinstance(answer, NoScriptError):
-                    # The script cache was flushed under us: reconnect, load the scripts
-                    # again and send every call not yet answered, in order.
-                    raise ConnectionError("the script cache was flushed")
-                call = in_flight.popleft()
-                if isinstance(answer, ResponseError):
+                if isinstance(answer, ResponseError):  # the one check a good reply costs
+                    _check_reconnect(answer)
+                    call = in_flight.popleft()
                     if call.reply is not None and not call.reply.done():
                         call.reply.set_exception(answer)
                     else:
                         self.errors += 1
                         log.error("a pipelined Redis call failed: %s", answer)
-                elif call.reply is not None and not call.reply.done():
+                    continue
+                call = in_flight.popleft()
+                if call.reply is not None and not call.reply.done():
                     call.reply.set_result(answer)
             if not in_flight:
                 self._drained.set()
+
+
+def _check_reconnect(error: ResponseError) -> None:
+    """Raise ConnectionError for the error replies the pipe answers by reconnecting; the call
+    stays unanswered, so it goes again, with everything after it, on the new connection."""
+    if isinstance(error, NoScriptError):
+        # The script cache was flushed under us: the reconnect loads the scripts again.
+        raise ConnectionError("the script cache was flushed")
+    # A replica now (a Sentinel failover): the call did not run; the reconnect asks the
+    # Sentinels for the master. A script's write comes back as "ERR ... -READONLY ...".
+    if isinstance(error, ReadOnlyError) or "READONLY" in str(error):
+        raise ConnectionError("the server is no longer the master")
 
 
 class PipeScript:

@@ -14,7 +14,9 @@ published before, as the gateway's `resume` does).
 
 If the connection drops, the subscriber reconnects with backoff, subscribes to every channel
 again and calls `on_reconnect`: whatever was published while it was down is the caller's to
-recover (the gateway reads each job's replay stream). A connection Redis refuses (a wrong
+recover (the gateway reads each job's replay stream). Through Sentinels, each reconnect asks
+them for the master (shared/redis/sentinel.py); a replica would do too, as it relays every
+PUBLISH, and Sentinel drops the clients of a master it demotes. A connection Redis refuses (a wrong
 password) is retried once a second, not in a tight loop.
 """
 

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from shared import tracing
+
 log = logging.getLogger(__name__)
 
 Status = Literal["ok", "timeout", "error"]
@@ -57,14 +59,17 @@ async def run_source(source: Source, query: Query) -> SourceResult:
         # wait_for: in 3.11 that wraps every source in one more task, on the hot path.)
         async with asyncio.timeout(source.deadline_s):
             value = await source.fetch(query)
+        result = SourceResult(source.name, "ok", _since(start), value=value)
     except TimeoutError:
-        return SourceResult(source.name, "timeout", _since(start), error="deadline")
+        result = SourceResult(source.name, "timeout", _since(start), error="deadline")
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure of a source degrades, never fails
         log.warning("retrieval source %s failed: %s", source.name, exc)
-        return SourceResult(source.name, "error", _since(start), error=type(exc).__name__)
-    return SourceResult(source.name, "ok", _since(start), value=value)
+        result = SourceResult(source.name, "error", _since(start), error=type(exc).__name__)
+    if tracing.on:
+        tracing.source_span(result.name, result.status, result.ms, result.error, cached=False)
+    return result
 
 
 async def gather_sources(sources: Sequence[Source], query: Query) -> dict[str, SourceResult]:
@@ -99,7 +104,10 @@ def _answer_at_once(source: Source, query: Query) -> SourceResult | None:
         return None
     if hit is None:
         return None
-    return SourceResult(source.name, "ok", _since(start), value=hit[0])
+    result = SourceResult(source.name, "ok", _since(start), value=hit[0])
+    if tracing.on:
+        tracing.source_span(result.name, result.status, result.ms, None, cached=True)
+    return result
 
 
 async def run_serially(sources: Sequence[Source], query: Query) -> dict[str, SourceResult]:

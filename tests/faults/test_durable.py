@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -191,6 +192,44 @@ async def test_chat_worker_killed_every_done_chat_has_its_usage_row(
         assert done and len(chats.done()) == len(done)
 
 
+async def test_bulk_tasks_lost_on_the_way_are_sent_again_and_their_rows_land_once(
+    services: Services, migrated: str, tmp_path: Path
+) -> None:
+    """The bulk tasks of 10 done chats vanish from the queue before any bulk worker ran them
+    (as when kombu takes a message off the list and its worker is killed before it records it
+    as unacked): their rows wait in the usage outbox, a bulk worker's sweep queues them again
+    once due, each lands once, and the outbox is empty after."""
+    _needs_postgres(services)
+    quick = {
+        "bulk_visibility_timeout_s": "5",
+        "persist_retry_backoff_max_s": "2",
+        "usage_resend_after_s": "6",
+    }
+    with make_stack(services, migrated, tmp_path, bulk=False, **quick) as stack:
+        stack.wait_ready()
+        stack.wait_worker("chat0")
+        ws = await _open(stack)
+        try:
+            chats = Chats(ws)
+            await chats.start(10, lambda i: 4)
+            await chats.read(Chats.all_ended, 30)
+        finally:
+            await ws.close()
+        assert chats.ends() == {"done": 10}, chats.ends()
+        keys = Keys(stack.prefix)
+        with stack.redis() as admin:
+            wait_until(lambda: admin.llen(keys.queue_list(BULK_QUEUE)) > 0, 10, what="tasks")
+            admin.delete(keys.queue_list(BULK_QUEUE))  # lost on the way
+            assert admin.hlen(keys.usage_rows) == 10
+        stack.start_worker("bulk", "bulk")
+        jobs = [c.job_id for c in chats.done()]
+        waited = await wait_rows(stack.services.database_url, jobs, 30)
+        print(f"\nlost bulk tasks: all {len(jobs)} rows {waited:.1f}s after a bulk worker started")
+        with stack.redis() as admin:
+            wait_until(lambda: admin.hlen(keys.usage_rows) == 0, 10, what="the outbox emptied")
+            assert admin.zcard(keys.usage_due) == 0
+
+
 REDIS_AOF = ("--appendonly", "yes", "--appendfsync", "always")
 
 
@@ -340,6 +379,39 @@ async def test_gateway_killed_its_engine_requests_stop_and_its_slots_come_back(
         )
         assert abort_after < 3.5, abort_after
         assert resumed_end is not None and resumed_end["type"] == "done", resumed_end
+
+
+async def test_a_gateway_stopped_as_its_chats_end_leaves_no_stream_slot_held(
+    services: Services, migrated: str, tmp_path: Path
+) -> None:
+    """A gateway frozen (then killed) right after admitting short chats never relays their
+    ends nor frees their stream slots: the worker that ran them frees each slot as the chat
+    ends, long before the 60 s lease, so the key's slots are all free within 5 s."""
+    sim = ("--ttft-ms", "20", "--itl-ms", "20", "--max-tokens", "1000")
+    with make_stack(
+        services, migrated, tmp_path, bulk=False, sim_args=sim, key_max_streams_default="4"
+    ) as stack:
+        stack.wait_ready()
+        stack.wait_worker("chat0")
+        ws = await _open(stack)
+        chats = Chats(ws)
+        await chats.start(3, lambda i: 10)
+        await chats.read(Chats.all_streaming, 20)
+        stack.procs["gateway"].popen.send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        try:
+            with stack.redis() as admin:
+
+                def held() -> int:
+                    streams = admin.scan_iter(Keys(stack.prefix).key_streams("*"))
+                    return sum(int(admin.zcard(key)) for key in streams)
+
+                assert held() > 0
+                wait_until(lambda: held() == 0, 5, what="the stream slots freed")
+                freed_after = time.monotonic() - stopped_at
+        finally:
+            stack.procs["gateway"].kill()
+        print(f"\ngateway stopped as its chats ended: slots free {freed_after:.2f}s after")
 
 
 async def test_bulk_worker_killed_while_the_database_is_down_rows_land_once_within_60s(

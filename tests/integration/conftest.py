@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,8 +143,11 @@ class Stack:
     def get(self, path: str) -> tuple[int, str]:
         return _http(self.http + path)
 
-    def start(self, name: str, args: list[str], **extra: str) -> Child:
-        proc = Child(python_cmd(*args), self.env(**extra), self.logs / f"{self.prefix}-{name}.log")
+    def start(self, name: str, args: list[str], run_in: Sequence[str] = (), **extra: str) -> Child:
+        """A Python child of this stack; ``run_in`` prefixes its command (the cluster test
+        bed's ``ip netns exec HOST``: tests/cluster/)."""
+        command = [*run_in, *python_cmd(*args)]
+        proc = Child(command, self.env(**extra), self.logs / f"{self.prefix}-{name}.log")
         self.procs[name] = proc
         return proc
 
@@ -154,7 +157,7 @@ class Stack:
         wait_until(lambda: port_open(self.sim_port), 20, what="sim-server")
         self.settings.update(engine="openai", engine_url=f"http://127.0.0.1:{self.sim_port}/v1")
 
-    def start_worker(self, name: str, queues: str = "chat") -> Child:
+    def start_worker(self, name: str, queues: str = "chat", run_in: Sequence[str] = ()) -> Child:
         return self.start(
             name,
             [
@@ -166,6 +169,7 @@ class Stack:
                 "--name",
                 f"{self._worker_name(name)}%h",
             ],
+            run_in,
         )
 
     def _worker_name(self, name: str) -> str:
@@ -204,7 +208,10 @@ class Stack:
         raise KeyError(name)
 
     def redis(self) -> redis.Redis:
-        return redis.Redis.from_url(self.services.redis_url, decode_responses=True)
+        """A blocking client of the stack's Redis (its master now, behind Sentinels)."""
+        from shared.redis.client import master_url
+
+        return redis.Redis.from_url(master_url(self.services.redis_url), decode_responses=True)
 
     def close(self) -> None:
         try:

@@ -50,8 +50,9 @@ class TcpProxy:
     Going down also cuts every open tunnel, as a server crash would.
     """
 
-    def __init__(self, upstream: tuple[str, int]) -> None:
+    def __init__(self, upstream: tuple[str, int], bind: str = "127.0.0.1") -> None:
         self.upstream = upstream
+        self.bind = bind  # the cluster test bed listens on its bridge's address
         self.port = 0
         self.dropped = 0
         self._mode: str | None = None  # None: up
@@ -63,7 +64,7 @@ class TcpProxy:
     def _listen(self) -> None:
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
+        listener.bind((self.bind, self.port))
         listener.listen(128)
         self.port = listener.getsockname()[1]
         self._listener = listener

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,12 @@ def test_up_serves_a_chat_on_embedded_defaults_and_stops_cleanly(tmp_path: Path)
         )
         assert chat.returncode == 0, chat.stderr
         assert "finish=" in chat.stdout and "ttft_ms=" in chat.stdout
+        # One scrape of the gateway covers up's worker processes too (shared/metrics/).
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            metrics = resp.read().decode()
+        assert "firsttoken_process{pid=" in metrics and 'role="worker"' in metrics, metrics
+        assert 'firsttoken_chats_total{status="ok"} 1.0' in metrics, metrics
+        assert (tmp_path / ".firsttoken" / "metrics").is_dir()
     finally:
         os.killpg(up.pid, signal.SIGTERM) if up.poll() is None else None
         code = up.wait(30)

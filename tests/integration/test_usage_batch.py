@@ -1,8 +1,8 @@
 """A chat worker's usage batcher (workers/usage.py) on the machine's Redis: rows that end
 together leave as one bulk task, nothing is held past the window, a stopping worker sends
-what it holds, every row is in Redis from the moment it is added, and a bulk worker's sweep
-(workers/usage_sweep.py) sends on a dead process's rows. (That the bulk worker writes them is
-the stack tests' and the outage tests'.)"""
+what it holds, every row is in the usage outbox from the moment it is added, and a bulk
+worker's sweep (workers/usage_sweep.py) sends again the rows no task carried to a write. (That
+the bulk worker writes them and takes them out is tests/faults/test_durable.py's.)"""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from shared.keys import PERSIST_USAGE_BATCH_TASK, Keys
 from shared.redis.pipe import RedisPipe
 from shared.tasks import UsageRecord, parse_task_message
 from tests.integration.conftest import Services
-from workers import usage
 from workers.usage import UsageBatcher
 from workers.usage_sweep import UsageSweeper
 
@@ -97,9 +96,8 @@ async def test_a_full_batch_leaves_at_once_and_close_sends_the_rest(queue: Queue
     await batcher.close()  # a stopping worker: nothing held is lost
     await pipe.flush()
     assert (await _batches(r, key))[1:] == [[rows[2].request_id]]
-    # Nothing pending, and the process has left the owners set.
-    assert await r.llen(keys.usage_pending(batcher.owner)) == 0
-    assert await r.zscore(keys.usage_owners, batcher.owner) is None
+    # Queued is not written: every row stays in the outbox until a bulk worker wrote it.
+    assert await r.hlen(keys.usage_rows) == 3
 
 
 async def test_a_zero_window_sends_each_row(queue: Queue) -> None:
@@ -114,41 +112,67 @@ async def test_a_zero_window_sends_each_row(queue: Queue) -> None:
 
 
 async def test_a_row_is_in_redis_as_soon_as_it_is_added(queue: Queue) -> None:
-    """Inside the window the row is already in the process's pending list, so a `done` sent
-    after it on the same pipe never runs ahead of a row Redis holds."""
+    """Inside the window the row is already in the outbox, so a `done` sent after it on the
+    same pipe never runs ahead of a row Redis holds; queuing its task moves its due time on."""
     r, key, pipe, keys = queue
-    batcher = UsageBatcher(pipe, keys, "test", window_s=60.0)
+    batcher = UsageBatcher(pipe, keys, "test", window_s=60.0, resend_after_s=120.0)
     row = _usage()
     batcher.add(row)
     await pipe.call("PING")  # everything queued before it has run
-    pending = await r.lrange(keys.usage_pending(batcher.owner), 0, -1)
-    assert [json.loads(p)["request_id"] for p in pending] == [row.request_id]
+    stored = await r.hget(keys.usage_rows, row.request_id)
+    assert stored is not None and json.loads(stored)["request_id"] == row.request_id
+    (_, added_due), now_ms = (await r.zrange(keys.usage_due, 0, -1, withscores=True))[0], _ms()
+    assert now_ms + 60_000 < added_due < now_ms + 70_000  # the window, then the grace
     assert await r.llen(key) == 0
     batcher.flush()
     await pipe.flush()
-    assert await r.llen(keys.usage_pending(batcher.owner)) == 0
     assert await _batches(r, key) == [[row.request_id]]
+    queued_due = await r.zscore(keys.usage_due, row.request_id)
+    assert queued_due is not None and queued_due > now_ms + 110_000
     await batcher.close()
 
 
-async def test_a_sweep_sends_on_a_dead_processs_rows_once(
+def _ms() -> float:
+    return time.time() * 1000
+
+
+async def test_a_sweep_queues_the_rows_past_due_once(
     queue: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A process killed inside its window: a bulk worker's sweep queues its rows once it has
-    stopped beating, and a second sweep finds nothing more to send."""
+    """Rows of a process killed inside its window (never queued): a bulk worker's sweep
+    queues them once they are due, and the next sweep finds nothing (their due time moved on);
+    rows whose task is queued are not due."""
     r, key, pipe, keys = queue
-    monkeypatch.setattr(usage, "USAGE_OWNER_DEAD_S", 0.3)
-    monkeypatch.setattr("workers.usage_sweep.USAGE_OWNER_DEAD_S", 0.3)
-    dead = UsageBatcher(pipe, keys, "dead", window_s=60.0)
+    monkeypatch.setattr("workers.usage.UNQUEUED_GRACE_MS", 300)
+    dead = UsageBatcher(pipe, keys, "dead", window_s=0.05)
+    live = UsageBatcher(pipe, keys, "live", window_s=0.0)
     rows = [_usage() for _ in range(3)]
     for row in rows:
         dead.add(row)
-    assert dead._beating is not None
-    dead._beating.cancel()  # killed: no flush, no more beats
+    assert dead._timer is not None
+    dead._timer.cancel()  # killed: its window never closes
+    live.add(_usage())
     sweeper = UsageSweeper(pipe, keys, "bulk")
-    assert await sweeper.sweep() == 0  # still beating a moment ago
-    await asyncio.sleep(0.5)
+    assert await sweeper.sweep() == 0  # not due yet
+    await asyncio.sleep(0.6)
     assert await sweeper.sweep() == 3
     assert await sweeper.sweep() == 0
-    assert await _batches(r, key) == [[row.request_id for row in rows]]
-    assert await r.zscore(keys.usage_owners, dead.owner) is None
+    swept = (await _batches(r, key))[1:]
+    assert [sorted(batch) for batch in swept] == [sorted(row.request_id for row in rows)]
+
+
+async def test_no_sweep_while_the_bulk_queue_is_backed_up(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long bulk queue most likely holds the due rows' tasks: a sweep waits instead of
+    lengthening it."""
+    r, key, pipe, keys = queue
+    monkeypatch.setattr("workers.usage.UNQUEUED_GRACE_MS", 0)
+    monkeypatch.setattr("workers.usage_sweep.MAX_BACKLOG", 0)
+    batcher = UsageBatcher(pipe, keys, "test", window_s=0.0, resend_after_s=0.0)
+    batcher.add(_usage())  # queued: the backlog of one, and due at once
+    await pipe.flush()
+    sweeper = UsageSweeper(pipe, keys, "bulk")
+    assert await sweeper.sweep() == 0
+    await r.delete(key)  # the queue drained, the task lost
+    assert await sweeper.sweep() == 1

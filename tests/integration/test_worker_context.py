@@ -116,3 +116,58 @@ def test_start_and_stop_from_a_celery_thread_run_on_the_process_loop(
     assert runner.run(lifecycle.context()) is ctx
     lifecycle.stop(grace_s=1.0)
     assert not runner.started
+
+
+async def test_the_heartbeat_carries_the_load_and_its_record_expires_or_goes_with_a_goodbye(
+    services: Services, worker_env: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32: each beat writes the worker's status record (what `firsttoken workers`
+    reads); a worker that stops beating drops out once the record's TTL has passed, and one
+    that closes in order takes its record with it."""
+    import os
+    import socket
+
+    from firsttoken.workerscli import read_workers
+
+    monkeypatch.setenv("FIRSTTOKEN_WORKER_STATUS_TTL_S", "0.5")
+    get_settings.cache_clear()
+
+    async def listed() -> dict[str, object]:
+        snapshot = await read_workers(get_settings())
+        return {w.name: w for w in snapshot.workers}
+
+    dying, leaving = WorkerLifecycle(LoopRunner()), WorkerLifecycle(LoopRunner())
+    ctx = await dying.open("bulk-dies@test", ("bulk",))
+    ctx.load.watch(lambda: (2, 5, 9))
+    ctx.load.ended("engine_error")
+    await leaving.open("bulk-leaves@test", ("bulk", "summarize"))
+    try:
+        for _ in range(100):
+            workers = await listed()
+            status = workers.get("bulk-dies@test")
+            if status is not None and status.capacity == 5 and "bulk-leaves@test" in workers:
+                break
+            await asyncio.sleep(0.02)
+        assert status is not None, workers
+        load = (status.in_flight, status.capacity, status.done, status.engine_errors)
+        assert load == (2, 5, 9, 1)
+        assert (status.host, status.pid) == (socket.gethostname(), os.getpid())
+        assert status.queues == ("bulk",)
+        assert workers["bulk-leaves@test"].queues == ("bulk", "summarize")
+
+        assert ctx._heartbeat_task is not None
+        ctx._heartbeat_task.cancel()  # it dies: no more beats, no goodbye
+        for _ in range(100):
+            if "bulk-dies@test" not in await listed():
+                break
+            await asyncio.sleep(0.05)
+        assert set(await listed()) == {"bulk-leaves@test"}
+    finally:
+        await leaving.close()
+        await dying.close()
+    assert await listed() == {}
+    r = aioredis.Redis.from_url(services.redis_url)
+    try:
+        assert await r.zcard(worker_env.worker_statuses) == 0  # the index goes with them
+    finally:
+        await r.aclose()

@@ -6,6 +6,7 @@ import pytest
 
 from shared.cache.calibrated import CALIBRATION
 from shared.cache.calibration import STRICTEST, Point, choose, threshold_for, upper_bound
+from shared.cache.verify import table_key
 from shared.embeddings.factory import make_embedder
 from shared.settings import Settings
 
@@ -50,5 +51,8 @@ def test_the_shipped_embedders_are_calibrated_and_the_default_risk_is_met(local_
     try:
         assert embedder.name in CALIBRATION, "run firsttoken cache calibrate --write"
         assert threshold_for(CALIBRATION, embedder.name, 0.01) < STRICTEST
+        verified = table_key(embedder.name, "overlap")
+        assert verified in CALIBRATION, "firsttoken cache calibrate --write"
+        assert choose(CALIBRATION[verified], 0.01) is not None
     finally:
         embedder.close()

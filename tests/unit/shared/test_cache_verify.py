@@ -1,0 +1,103 @@
+"""The overlap verifier (shared/cache/verify.py, pure): the edit's shape adjusts a cosine."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.cache.calibrated import CALIBRATION
+from shared.cache.policy import Candidate, Policy, Query, judge
+from shared.cache.verify import (
+    MAX_RAISE,
+    MAX_TOKENS,
+    REWORD_BONUS,
+    SMALL_EDIT_PENALTY,
+    content_tokens,
+    shape,
+    table_key,
+    verified_score,
+)
+from shared.protocol import Message
+from shared.settings import Settings
+from workers.cache_stage import policy_from
+
+
+def test_content_tokens_drop_stop_words_and_fold_plurals() -> None:
+    """The words of "How do I" carry no content; "funds" and "fund" are one word."""
+    assert content_tokens("What is an index fund?") == content_tokens("What are index funds?")
+    assert content_tokens("How do I do it?") == []
+
+
+def test_a_one_span_substitution_is_a_small_edit() -> None:
+    """Another product in an otherwise identical question: the shape of most traps."""
+    s = shape("How do I cook brown rice?", "How do I cook wild rice?")
+    assert s.small_edit and 0 < s.jaccard < 1
+    assert shape("Suggest a gluten-free dinner for four", "Suggest a dinner for four").small_edit
+
+
+def test_a_broad_rewording_is_not_a_small_edit_and_overlaps_little() -> None:
+    s = shape("Why is the sky blue?", "What makes the sky look blue during the day?")
+    assert not s.small_edit and s.jaccard < 0.5
+
+
+def test_typos_and_fillers_change_nothing() -> None:
+    """A misspelt word is folded into the word it misspells: a near repeat, not an edit."""
+    s = shape("How do I reset my password?", "how do i resett my pasword??")
+    assert s.jaccard == 1.0 and not s.small_edit
+
+
+def test_verified_score_raises_a_rewording_and_lowers_a_small_edit() -> None:
+    reworded = verified_score(0.8, "Why is the sky blue?", "What makes the sky look blue?")
+    assert 0.8 < reworded <= 0.8 + REWORD_BONUS
+    small = verified_score(0.92, "A good vegetarian lasagna recipe", "A good meat lasagna recipe")
+    assert small == pytest.approx(0.92 - SMALL_EDIT_PENALTY)
+    assert verified_score(0.95, "How do I reset my password?", "How do I reset my password") == (
+        pytest.approx(0.95)
+    )
+
+
+def test_a_short_question_whose_only_word_flips_is_a_small_edit_not_a_rewording() -> None:
+    """Nothing shared is still one span: "Is it open?" / "Is it closed?" (cosine 0.80) is
+    lowered, not raised as a rewording would be."""
+    assert shape("Is it open?", "Is it closed?").small_edit
+    assert verified_score(0.8, "Is it open?", "Is it closed?") == pytest.approx(0.6)
+
+
+def test_verified_score_handles_empty_and_odd_text() -> None:
+    """Empty, emoji-only, code and 100k-character questions score, never raise."""
+    for text in ("", "   ", "🙂🙂", "```x = 1```", "word " * 20_000, "混合 mixed 文字"):
+        assert isinstance(verified_score(0.9, text, "How do I reset my password?"), float)
+    assert len(content_tokens("word " * 20_000)) == MAX_TOKENS  # the alignment stays cheap
+
+
+def _query(text: str) -> Query:
+    return Query(
+        Policy(), tenant="t", model="m", embedder="e",
+        messages=[Message(role="user", content=text)], max_tokens=64, temperature=None,
+    )  # fmt: skip
+
+
+def _candidate(text: str) -> Candidate:
+    return Candidate(text, "", _query(text).context, None, 1)
+
+
+def test_judge_with_the_verifier_serves_a_rewording_a_plain_cosine_would_not() -> None:
+    """At threshold 0.93 a rewording at cosine 0.86 is served with the verifier, not without;
+    a one-word substitution at 0.92 is refused with it."""
+    cached, asked = "Why is the sky blue?", "What makes the sky look blue during the day?"
+    plain, verified = Policy(threshold=0.93), Policy(threshold=0.93, verifier="overlap")
+    assert judge(plain, _query(asked), _candidate(cached), 0.86, None) == "similarity"
+    assert judge(verified, _query(asked), _candidate(cached), 0.86, None) is None
+    trap = ("What's a good vegetarian lasagna recipe?", "What's a good meat lasagna recipe?")
+    assert judge(verified, _query(trap[1]), _candidate(trap[0]), 0.92, None) == "similarity"
+    assert verified.min_score == pytest.approx(0.93 - MAX_RAISE) and plain.min_score == 0.93
+
+
+def test_policy_from_uses_the_verified_table_and_falls_back_to_the_plain_cosine() -> None:
+    """The default embedder has a verified table; a risk no verified threshold meets gives
+    the plain cosine at its strictest, never a verified score against a cosine threshold."""
+    name = "all-MiniLM-L6-v2-int8+cjk:use-multilingual-v3"
+    assert table_key(name, "overlap") in CALIBRATION and table_key(name, "none") == name
+    assert policy_from(Settings(), name).verifier == "overlap"
+    strict = policy_from(Settings(cache_max_error_rate=0.001), name)
+    assert strict.verifier == "none" and strict.threshold == 0.97
+    assert policy_from(Settings(cache_verifier="none"), name).verifier == "none"
