@@ -29,6 +29,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import Admission, Enqueue, RateLimiter
 from gateway.relay import Relay
 from gateway.relaystate import Followers, RelayState, Step
+from gateway.requeue import REQUEUE_GRACE_S, requeue_if_lost
 from shared import tracing
 from shared.errors import (
     Cancelled,
@@ -141,7 +142,7 @@ class Feed:
 class Job:
     """A chat a door is relaying: one client following one job."""
 
-    __slots__ = ("deadline_at", "feed", "owner", "state", "trace")
+    __slots__ = ("deadline_at", "feed", "message", "owner", "requeue_at", "state", "trace")
 
     def __init__(self, owner: JobOwner, feed: Feed, state: RelayState, deadline_at: float):
         self.owner = owner
@@ -149,6 +150,10 @@ class Job:
         self.state = state
         self.deadline_at = deadline_at
         self.trace: tracing.ChatTrace | None = None  # the chat's spans, while tracing is on
+        # The task message this gateway enqueued, and when to check that a worker still has
+        # it if the chat has not started (gateway/requeue.py); None on a resume.
+        self.message: str | None = None
+        self.requeue_at = 0.0
 
     @property
     def job_id(self) -> str:
@@ -273,6 +278,8 @@ class JobOwner:
                 gw.limiter.settle(admission, 0)
             raise
         gw.feeds[job_id] = feed
+        job.message = message
+        job.requeue_at = enqueued + settings.worker_lost_s + REQUEUE_GRACE_S
         gw.chat_started()
         if trace is not None:
             trace.admitted(job_id)
@@ -393,6 +400,8 @@ class JobOwner:
             return
         exc: FirstTokenError
         if not state.started:
+            if job.message is not None and now >= job.requeue_at:
+                self._requeue_if_lost(job, job.message)
             if now < job.deadline_at:
                 return
             exc = DeadlineExceeded(
@@ -433,6 +442,12 @@ class JobOwner:
         self.send_error(state.chat_id, exc)
         # Not ended: the job is cancelled, so a worker that claims it late drops it.
         self.gw.spawn(self.stop_job(job, ended=False))
+
+    def _requeue_if_lost(self, job: Job, message: str) -> None:
+        gw = self.gw
+        job.requeue_at += gw.settings.worker_lost_s + REQUEUE_GRACE_S
+        queue, replay = gw.keys.queue_list(CHAT_QUEUE), gw.keys.replay_stream(job.job_id)
+        gw.spawn(requeue_if_lost(gw.redis, queue, replay, job.job_id, message))
 
     def _record_lost(self, job: Job) -> None:
         """The usage row of a chat whose worker died, by the gateway that admitted it."""

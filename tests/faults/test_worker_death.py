@@ -20,6 +20,7 @@ import websockets
 from sqlalchemy import text
 
 from shared.db.session import make_engine
+from shared.keys import CHAT_QUEUE, Keys
 from tests.integration.conftest import Client, Services, Stack, make_stack
 
 pytestmark = pytest.mark.timeout(180)
@@ -220,6 +221,40 @@ async def test_chats_a_killed_worker_had_not_started_answering_run_on_the_other(
         rows = await usage_rows(stack, list(jobs.values()))
         assert len(rows) == 8 and all(r[0] == "ok" for r in rows.values()), rows
         print(f"\n{len(held[victim])} chats run again; all done {took:.2f}s after the kill")
+
+
+async def test_a_chat_taken_off_the_queue_by_a_worker_that_died_runs_on_another(
+    services: Services, migrated: str, logs: Path, opened: list[Any]
+) -> None:
+    """The message of a chat taken off the queue by a worker killed before it wrote anything
+    (the BRPOP's reply read, no lease, no `started`): the gateway finds it neither queued nor
+    started and queues it again, and a survivor answers it, `done` with no error, well within
+    the queue deadline."""
+    with make_stack(
+        services, migrated, logs, worker_lost_after_s="2", queue_deadline_s="20"
+    ) as stack:
+        stack.wait_worker("chat0")
+        stack.procs["chat0"].popen.send_signal(signal.SIGSTOP)  # alive to the gateway, no reads
+        client = await connect(stack, opened)
+        await client.chat("lost", PROMPT, cache=False, max_tokens=8)
+        accepted = await client.next_for("lost")
+        assert accepted["type"] == "accepted", accepted
+        await asyncio.sleep(0.3)
+        queue = Keys(stack.prefix).queue_list(CHAT_QUEUE)
+        with stack.redis() as admin:
+            # The frozen worker's BRPOP, sent before the stop, took it already (Redis hands a
+            # blocked client the message as it arrives); else take it as that BRPOP would.
+            admin.rpop(queue)
+            assert admin.llen(queue) == 0
+        stack.procs["chat0"].kill()
+        taken = time.monotonic()
+        stack.start_worker("chat1")
+        tokens, end = await client.until_end("lost", timeout=20)
+        took = time.monotonic() - taken
+        print(f"\nlost off the queue: done {took:.2f}s after the worker took it")
+        assert end["type"] == "done", end
+        assert not end.get("continued") and seqs_contiguous(tokens)
+        assert took < 10, took
 
 
 async def test_the_only_worker_killed_mid_answer_ends_every_chat_within_three_seconds(
