@@ -29,6 +29,7 @@ from shared.metrics.values import (
     seconds,
     time_per_output_token,
 )
+from shared.otlp import otlp_endpoint
 
 if TYPE_CHECKING:
     from shared.metrics.otel import GenAIMetrics
@@ -189,13 +190,10 @@ def start_process(settings: Settings, role: str) -> Recorder:
 
 
 def otlp_configured(settings: Settings) -> bool:
-    """Whether OTLP metrics are on: FIRSTTOKEN_METRICS_OTLP_ENDPOINT, or the SDK's own
-    OTEL_EXPORTER_OTLP_METRICS_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT."""
-    return bool(
-        settings.metrics_otlp_endpoint
-        or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    )
+    """Whether OTLP metrics are on (shared/otlp.py): FIRSTTOKEN_METRICS_OTLP_ENDPOINT, or the
+    SDK's own OTEL_EXPORTER_OTLP_METRICS_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT, unless
+    OTEL_SDK_DISABLED or OTEL_METRICS_EXPORTER=none says no."""
+    return otlp_endpoint("metrics", settings.metrics_otlp_endpoint, os.environ) is not None
 
 
 def stop_process() -> None:

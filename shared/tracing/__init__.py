@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shared.errors import ConfigError
+from shared.otlp import otlp_endpoint
 from shared.tracing.context import TraceHeaders
 
 if TYPE_CHECKING:
@@ -111,23 +112,11 @@ class _NoSpan:
 
 NO_SPAN = _NoSpan()
 
-_OTEL_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
-
 
 def traces_endpoint(configured: str | None, environ: Mapping[str, str]) -> str | None:
-    """Where spans go: ``configured`` (FIRSTTOKEN_OTLP_TRACES_ENDPOINT), else "" when
-    OpenTelemetry's own variables name an endpoint (its exporter reads them), else None (off).
-    OTEL_SDK_DISABLED=true or an OTEL_TRACES_EXPORTER without `otlp` (`none`) turn it off."""
-    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return None
-    exporters = environ.get("OTEL_TRACES_EXPORTER")
-    if exporters is not None and "otlp" not in {e.strip() for e in exporters.split(",")}:
-        return None
-    if configured:
-        return configured
-    if any(environ.get(name) for name in _OTEL_ENDPOINT_VARS):
-        return ""
-    return None
+    """Where spans go (shared/otlp.py): ``configured`` (FIRSTTOKEN_OTLP_TRACES_ENDPOINT), else
+    "" when OpenTelemetry's own variables name an endpoint, else None (off)."""
+    return otlp_endpoint("traces", configured, environ)
 
 
 def enable(endpoint: str, service: str, instance: str) -> None:
