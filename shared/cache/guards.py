@@ -94,6 +94,7 @@ _ZH_ANTONYMS = (
     ("允许", "禁止", "拒绝"), ("接受", "拒绝"), ("优点", "缺点"), ("好处", "坏处", "风险"),
     ("合法", "违法"), ("收入", "支出"), ("升级", "降级"), ("发送", "接收"), ("出发", "到达"),
     ("存款", "取款"), ("男性", "女性"), ("最快", "最慢"), ("最早", "最晚"),
+    ("冷冻", "冻结", "解冻"), ("绑定", "解绑"), ("充值", "提现"),
 )  # fmt: skip
 # Single Chinese characters (大/小, 上/下 ...) are left to the character comparison: as
 # substrings they would fire inside unrelated words (多少, 上海).
@@ -385,13 +386,37 @@ def _polarity_conflict(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return any(groups_b.get(g, members) != members for g, members in groups_a.items())
 
 
-def disagreement(a: Features, b: Features) -> str | None:
-    """The first guard that differs between two questions, or None when all agree."""
-    if a.numbers != b.numbers:
+def _unnamed(a: Features, b: Features) -> bool:
+    """An entity of one question that the other does not name at all, in any case: "Python"
+    and "python" are one word typed twice, "Paris" and "London" two places."""
+    return any(e not in b.words and e not in b.entities for e in a.entities) or any(
+        e not in a.words and e not in a.entities for e in b.entities
+    )
+
+
+def _conflict(a: tuple[str, ...], b: tuple[str, ...], reworded: bool) -> bool:
+    """Two values of one slot differ. In a broad rewording a value named on one side only is
+    how the other side put it in words ("two weeks" / "a 14-day trip", "every day" /
+    "daily"), so only values named on both sides and differing count there."""
+    if reworded and not (a and b):
+        return False
+    return a != b
+
+
+def disagreement(a: Features, b: Features, *, reworded: bool = False) -> str | None:
+    """The first guard that differs between two questions, or None when all agree.
+
+    ``reworded``: the two questions are a broad rewording of each other, not an edit of one
+    span (shared/cache/verify.py decides). Numbers, dates, units and names then veto only when
+    both questions name them and they differ, and Chinese content characters are not compared
+    (a rewording replaces most of them); negation, antonyms, scope, the actor and exchanged
+    pieces veto as always.
+    """
+    if _conflict(a.numbers, b.numbers, reworded):
         return "numbers"
-    if a.dates != b.dates:
+    if _conflict(a.dates, b.dates, reworded):
         return "dates"
-    if a.entities != b.entities:
+    if (not reworded or (a.entities and b.entities)) and _unnamed(a, b):
         return "entities"
     if a.negations % 2 != b.negations % 2:
         return "negation"
@@ -401,9 +426,9 @@ def disagreement(a: Features, b: Features) -> str | None:
         return "negation_prefix"
     if a.scope != b.scope:
         return "scope"
-    if a.zh_content != b.zh_content:
+    if not reworded and a.zh_content != b.zh_content:
         return "zh_content"
-    if a.units != b.units:
+    if _conflict(a.units, b.units, reworded):
         return "units"
     if a.actor and b.actor and a.actor != b.actor:
         return "actor"

@@ -100,6 +100,25 @@ _EN_CONTRACTIONS = (
     ("hasn't", "has not"),
 )
 
+# The same contractions typed without the apostrophe ("whats", "dont", "wont"), as words only:
+# "wont" inside "wonton" is no contraction. "its" (the possessive) and "well" are left alone.
+_EN_BARE_CONTRACTIONS = re.compile(
+    r"\b(what|how|where|who|i|can|won|don|doesn|didn|isn|aren|wasn|weren|shouldn|wouldn"
+    r"|couldn|haven|hasn)(s|m|t)\b"
+)
+_BARE_EXPANSIONS = {
+    "whats": "what is", "hows": "how is", "wheres": "where is", "whos": "who is", "im": "i am",
+    "cant": "can not", "wont": "will not", "dont": "do not", "doesnt": "does not",
+    "didnt": "did not", "isnt": "is not", "arent": "are not", "wasnt": "was not",
+    "werent": "were not", "shouldnt": "should not", "wouldnt": "would not",
+    "couldnt": "could not", "havent": "have not", "hasnt": "has not",
+}  # fmt: skip
+
+
+def _expand_bare(match: re.Match[str]) -> str:
+    word = match.group(0)
+    return _BARE_EXPANSIONS.get(word, word)
+
 
 def normalize(text: str) -> str:
     """The exact tier's form: NFKC, case-folded, one space, no edge punctuation."""
@@ -118,6 +137,7 @@ def canonical(text: str) -> str:
     text = normalize(text)
     for short, long in _EN_CONTRACTIONS:
         text = text.replace(short, long)
+    text = _EN_BARE_CONTRACTIONS.sub(_expand_bare, text)
     if has_cjk(text):
         for src, dst in _ZH_SYNONYMS:
             text = text.replace(src, dst)

@@ -13,7 +13,7 @@ import numpy as np
 
 from shared.cache.guards import Features, disagreement, features
 from shared.cache.normalize import Turn, context_key, exact_key, partition_key, split_turn
-from shared.cache.verify import MAX_RAISE, verified_score
+from shared.cache.verify import MAX_RAISE, shape, verified_score
 from shared.cache.verify import NAME as VERIFIER
 from shared.protocol import Message
 
@@ -132,8 +132,11 @@ def judge(
     context_vector: np.ndarray | None,
 ) -> str | None:
     """None when ``candidate`` may answer ``query``; else the reason it may not."""
+    reworded = False
     if policy.verifier == VERIFIER and score >= policy.min_score:
-        score = verified_score(score, candidate.question, query.raw_question)
+        edit = shape(candidate.question, query.raw_question)
+        score = verified_score(score, candidate.question, query.raw_question, edit)
+        reworded = edit.reworded
     if score < policy.threshold:
         return "similarity"
     if candidate.completion_tokens > query.max_tokens:
@@ -150,5 +153,5 @@ def judge(
         reason = disagreement(query.context_features, features(candidate.context))
         if reason is not None:
             return f"context_{reason}"
-    reason = disagreement(query.question_features, features(candidate.question))
+    reason = disagreement(query.question_features, features(candidate.question), reworded=reworded)
     return None if reason is None else reason

@@ -41,13 +41,22 @@ _STOP = frozenset(
     "a an the i you we my your me do does did is are was were be can could should would will "
     "how what which who whom when where why to of in on for at by with from and or it its this "
     "that there their as if so am have has had get please any some".split()
+    # Greetings and fillers a user types around a question ("um, ...", "Thanks! And ...").
+    + "hi hello hey thanks thank um uh ok okay oh well just".split()
+    # A unit the units guard compares; "15%" has no word for it and "15 percent" has one.
+    + ["percent"]
 )
 _SUFFIXES = ("ing", "es", "s", "ed")
 # Two spellings this close (difflib ratio) of words longer than this are one word mistyped.
 _TYPO_RATIO = 0.8
 _TYPO_MIN_LEN = 4
-# A small edit: one differing span of at most this many words on either side.
+# A small edit: one differing span of at most this many words on either side; in Chinese,
+# where a token is one character and a word one to four, of at most this many characters.
 _SMALL_SPAN = 2
+_SMALL_SPAN_CJK = 4
+# A broad rewording: not a small edit, and at most this share of content words in common.
+# The guards then compare only what both questions name (shared/cache/guards.py).
+REWORDED_JACCARD = 0.5
 # Content words compared per question: the alignment is quadratic, and a 100k-character
 # question must not cost a lookup more than a short one (questions are far shorter).
 MAX_TOKENS = 64
@@ -93,6 +102,11 @@ class Shape:
     jaccard: float  # shared content words / all content words of the two
     small_edit: bool  # one span of at most _SMALL_SPAN words differs (the rest, if any, agrees)
 
+    @property
+    def reworded(self) -> bool:
+        """The one question put in other words, not one detail of it changed."""
+        return not self.small_edit and self.jaccard <= REWORDED_JACCARD
+
 
 def shape(a: str, b: str) -> Shape:
     ta = content_tokens(a)
@@ -104,14 +118,19 @@ def shape(a: str, b: str) -> Shape:
         for op in difflib.SequenceMatcher(a=ta, b=tb, autojunk=False).get_opcodes()
         if op[0] != "equal"
     ]
-    widest = max((max(i2 - i1, j2 - j1) for _, i1, i2, j1, j2 in spans), default=0)
-    small = len(spans) == 1 and widest <= _SMALL_SPAN
+    small = False
+    if len(spans) == 1:
+        _, i1, i2, j1, j2 = spans[0]
+        cjk = any(has_cjk(t) for t in ta[i1:i2] + tb[j1:j2])
+        small = max(i2 - i1, j2 - j1) <= (_SMALL_SPAN_CJK if cjk else _SMALL_SPAN)
     return Shape(jaccard, small)
 
 
-def verified_score(score: float, a: str, b: str) -> float:
-    """The cosine ``score`` of questions ``a`` and ``b`` adjusted by the shape of their edit."""
-    s = shape(a, b)
+def verified_score(score: float, a: str, b: str, s: Shape | None = None) -> float:
+    """The cosine ``score`` of questions ``a`` and ``b`` adjusted by the shape of their edit
+    (``s``, when the caller has it already)."""
+    if s is None:
+        s = shape(a, b)
     if s.small_edit:
         return score - SMALL_EDIT_PENALTY
     return score + REWORD_BONUS * (1.0 - s.jaccard)
