@@ -187,3 +187,59 @@ def test_requests_never_share_a_partition_across_models_or_system_prompts() -> N
 
     keys = {query(m, s).partition for m in ("a", "b") for s in ("be brief", "be long")}
     assert len(keys) == 4
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("how do I parse json in python", "How do I parse JSON in Python?"),
+        ("what's the capital of peru", "What's the capital of Peru?"),
+        ("My printer wont print", "My printer won't print"),
+        ("Whats the fee for a late return", "What's the fee for a late return?"),
+        ("dont know my login, what now", "don't know my login, what now"),
+    ],
+)
+def test_near_repeats_agree_whatever_the_case_or_apostrophes(a: str, b: str) -> None:
+    """A name typed in lower case is the same name; "wont" is "won't" typed fast."""
+    assert _differ(a, b) is None
+
+
+def test_bare_contractions_expand_as_words_only() -> None:
+    assert canonical("Whats up, I cant login") == "what is up, i can not login"
+    assert canonical("wonton soup recipe") == "wonton soup recipe"
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "strict"),
+    [
+        # One side names a number, a date, a unit or a name the other puts in words.
+        ("What is the legal drinking age in Japan?", "At what age may you buy alcohol in Japan, is it 20?", "numbers"),
+        ("How often should I back up my laptop?", "Should I make a backup of my laptop weekly?", "dates"),
+        ("How much water does a lawn need?", "How many litres of water should I give my grass?", "units"),
+        ("How do I undo a commit?", "What is the way to revert a change I made in Git?", "entities"),
+        ("退款多久能到账？", "申请退款以后，钱大概几天能退回来？", "zh_content"),
+    ],
+)  # fmt: skip
+def test_a_broad_rewording_is_refused_only_for_what_both_name(a: str, b: str, strict: str) -> None:
+    """Strictly compared, each pair differs; as a rewording, only a value named on both
+    sides and differing would veto, and none is."""
+    assert _differ(a, b) == strict
+    assert disagreement(features(a), features(b), reworded=True) is None
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "reason"),
+    [
+        ("How many days of leave do I get in 2024?", "In 2025, what's my annual leave allowance?", "numbers"),
+        ("Can I fly from Paris with a cat?", "Is it allowed to take a pet on a flight out of Rome?", "entities"),
+        ("Is it safe to drink tap water here?", "Would drinking water from the tap be dangerous?", "antonym"),
+        ("Can I return an item I used?", "Is it possible to send back something unused?", "negation_prefix"),
+        ("How do I delete my photos?", "What's the way to erase all the pictures?", "scope"),
+        ("怎么把肉冷冻保存？", "冷冻过的肉应该怎样解冻？", "antonym"),
+    ],
+)  # fmt: skip
+def test_a_broad_rewording_is_still_refused_when_both_name_different_things(
+    a: str, b: str, reason: str
+) -> None:
+    """Names, numbers, opposite words, negation and scope on both sides still decide."""
+    assert disagreement(features(a), features(b), reworded=True) == reason

@@ -101,3 +101,31 @@ def test_policy_from_uses_the_verified_table_and_falls_back_to_the_plain_cosine(
     strict = policy_from(Settings(cache_max_error_rate=0.001), name)
     assert strict.verifier == "none" and strict.threshold == 0.97
     assert policy_from(Settings(cache_verifier="none"), name).verifier == "none"
+
+
+def test_a_changed_chinese_word_of_up_to_four_characters_is_a_small_edit() -> None:
+    """A Chinese token is one character: "支付宝" / "微信" is one word replaced, not a
+    rewording, so the character comparison still applies."""
+    s = shape("支付宝怎么提现？", "微信怎么提现？")  # noqa: RUF001
+    assert s.small_edit and not s.reworded
+    assert shape("退款多久能到账？", "申请退款以后，钱大概几天能退回来？").reworded  # noqa: RUF001
+
+
+def test_greetings_and_fillers_are_no_edit() -> None:
+    """A greeting or filler around the same question is not a small edit to lower."""
+    assert not shape("um, how do I cancel my order?", "How do I cancel my order?").small_edit
+    assert not shape(
+        "Thanks! And how do I thicken a sauce?", "How do I thicken a sauce?"
+    ).small_edit
+    assert not shape("what is 15 percent of 80", "What is 15% of 80?").small_edit
+
+
+def test_judge_treats_a_rewording_leniently_and_a_small_edit_strictly() -> None:
+    """A number on one side of a rewording does not veto it; one on one side of a small edit
+    (a detail added to the same question) does."""
+    policy = Policy(threshold=0.5, verifier="overlap")
+    reworded = _query("At what age may you buy alcohol in Japan, is it 20?")
+    candidate = _candidate("What is the legal drinking age in Japan?")
+    assert judge(policy, reworded, candidate, 0.8, None) is None
+    small = _query("How much is a 3-night stay?")
+    assert judge(policy, small, _candidate("How much is a stay?"), 0.95, None) == "numbers"
