@@ -97,7 +97,8 @@ _ZH_ANTONYMS = (
     ("冷冻", "冻结", "解冻"), ("绑定", "解绑"), ("充值", "提现"),
 )  # fmt: skip
 # Single Chinese characters (大/小, 上/下 ...) are left to the character comparison: as
-# substrings they would fire inside unrelated words (多少, 上海).
+# substrings they would fire inside unrelated words (多少, 上海). A broad rewording skips that
+# comparison, and its score alone decides there.
 
 # Scope words: "all" vs "one", "my" vs "our", "only" ... change who or how much is meant.
 _EN_SCOPE = {"all", "every", "each", "any", "some", "only", "just", "entire", "whole", "both",
