@@ -328,7 +328,8 @@ def _prefix_negated(words: list[str]) -> frozenset[str]:
 def features(text: str) -> Features:
     """Extract everything the guards compare from one question (raw, as the user wrote it)."""
     canon = canonical(text)
-    words = _WORD.findall(canon)
+    # "everyone's salaries" names everyone: a possessive is its word.
+    words = [w.removesuffix("'s") for w in _WORD.findall(canon)]
     cjk = has_cjk(canon)
     scope = sorted({_EN_SCOPE_FOLD.get(w, w) for w in words if w in _EN_SCOPE})
     if cjk:
@@ -387,17 +388,15 @@ def _polarity_conflict(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return any(groups_b.get(g, members) != members for g, members in groups_a.items())
 
 
-def _unnamed(a: Features, b: Features) -> bool:
-    """An entity of one question that the other does not name at all, in any case: "Python"
-    and "python" are one word typed twice, "Paris" and "London" two places."""
-    return any(e not in b.words and e not in b.entities for e in a.entities) or any(
-        e not in a.words and e not in a.entities for e in b.entities
-    )
+def _unnamed(names: tuple[str, ...], other: Features) -> set[str]:
+    """The names of one question the other does not name at all, in any case: "Python" and
+    "python" are one word typed twice, "Paris" and "London" two places."""
+    return {n for n in names if n not in other.words and n not in other.entities}
 
 
-def _conflict(a: tuple[str, ...], b: tuple[str, ...], reworded: bool) -> bool:
-    """Two values of one slot differ. In a broad rewording a value named on one side only is
-    how the other side put it in words ("two weeks" / "a 14-day trip", "every day" /
+def _differ(a: tuple[str, ...], b: tuple[str, ...], reworded: bool) -> bool:
+    """Whether the values of one slot differ. In a broad rewording a value named on one side
+    only is how that side put the question ("two weeks" / "a 14-day trip", "every day" /
     "daily"), so only values named on both sides and differing count there."""
     if reworded and not (a and b):
         return False
@@ -409,15 +408,18 @@ def disagreement(a: Features, b: Features, *, reworded: bool = False) -> str | N
 
     ``reworded``: the two questions are a broad rewording of each other, not an edit of one
     span (shared/cache/verify.py decides). Numbers, dates, units and names then veto only when
-    both questions name them and they differ, and Chinese content characters are not compared
-    (a rewording replaces most of them); negation, antonyms, scope, the actor and exchanged
-    pieces veto as always.
+    both questions name some and they differ; who acts is not compared (a rewording reorders
+    the sentence around another first-person word), nor are Chinese content characters (a
+    rewording replaces most of them); negation, antonyms, scope and exchanged pieces veto as
+    always.
     """
-    if _conflict(a.numbers, b.numbers, reworded):
+    if _differ(a.numbers, b.numbers, reworded):
         return "numbers"
-    if _conflict(a.dates, b.dates, reworded):
+    if _differ(a.dates, b.dates, reworded):
         return "dates"
-    if (not reworded or (a.entities and b.entities)) and _unnamed(a, b):
+    if not (reworded and not (a.entities and b.entities)) and (
+        _unnamed(a.entities, b) or _unnamed(b.entities, a)
+    ):
         return "entities"
     if a.negations % 2 != b.negations % 2:
         return "negation"
@@ -429,9 +431,9 @@ def disagreement(a: Features, b: Features, *, reworded: bool = False) -> str | N
         return "scope"
     if not reworded and a.zh_content != b.zh_content:
         return "zh_content"
-    if _conflict(a.units, b.units, reworded):
+    if _differ(a.units, b.units, reworded):
         return "units"
-    if a.actor and b.actor and a.actor != b.actor:
+    if not reworded and a.actor and b.actor and a.actor != b.actor:
         return "actor"
     if _exchanged(a.tokens, b.tokens):
         return "order"

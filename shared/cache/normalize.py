@@ -58,6 +58,8 @@ _ZH_SYNONYMS = (
     ("如何才能", "如何"),
     ("该如何", "如何"),
     ("要如何", "如何"),
+    ("是什么意思", "是什么"),
+    ("什么意思", "是什么"),
     ("什么是", "是什么"),
     ("为何", "为什么"),
     ("为啥", "为什么"),
@@ -76,6 +78,9 @@ _ZH_SYNONYMS = (
     ("咱们", "我"),
     ("您", "你"),
 )
+# "要不要", "会不会", "有没有": the Chinese yes/no question form asks what "要", "会", "有"
+# ask; it is no negation.
+_ZH_A_NOT_A = re.compile(r"([\u3400-\u4dbf\u4e00-\u9fff])[不没]\1")
 _EN_CONTRACTIONS = (
     ("what's", "what is"),
     ("how's", "how is"),
@@ -139,6 +144,7 @@ def canonical(text: str) -> str:
         text = text.replace(short, long)
     text = _EN_BARE_CONTRACTIONS.sub(_expand_bare, text)
     if has_cjk(text):
+        text = _ZH_A_NOT_A.sub(r"\1", text)
         for src, dst in _ZH_SYNONYMS:
             text = text.replace(src, dst)
         for filler in _ZH_FILLERS:

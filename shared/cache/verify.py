@@ -43,6 +43,8 @@ _STOP = frozenset(
     "that there their as if so am have has had get please any some".split()
     # Greetings and fillers a user types around a question ("um, ...", "Thanks! And ...").
     + "hi hello hey thanks thank um uh ok okay oh well just".split()
+    # Asking for an explanation asks the question ("Can you explain what index funds are?").
+    + "explain tell describe define mean meaning wonder wondering curious".split()
     # A unit the units guard compares; "15%" has no word for it and "15 percent" has one.
     + ["percent"]
 )
@@ -84,6 +86,12 @@ def content_tokens(text: str) -> list[str]:
     return out
 
 
+def _other_ending(x: str, y: str) -> bool:
+    """Two words of one length that differ only in their last two letters are two words, not
+    a typo: "employer" / "employee", "payer" / "payee", "cheap" / "cheat"."""
+    return len(x) == len(y) and x[:-2] == y[:-2]
+
+
 def _fold_typos(a: list[str], b: list[str]) -> list[str]:
     """``b`` with each word that misspells a word of ``a`` replaced by that word."""
     out = []
@@ -92,7 +100,11 @@ def _fold_typos(a: list[str], b: list[str]) -> list[str]:
             out.append(word)
             continue
         best = max(a, key=lambda w: difflib.SequenceMatcher(a=w, b=word).ratio(), default="")
-        close = best and difflib.SequenceMatcher(a=best, b=word).ratio() >= _TYPO_RATIO
+        close = (
+            best
+            and difflib.SequenceMatcher(a=best, b=word).ratio() >= _TYPO_RATIO
+            and not _other_ending(best, word)
+        )
         out.append(best if close else word)
     return out
 

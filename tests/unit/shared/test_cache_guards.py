@@ -243,3 +243,21 @@ def test_a_broad_rewording_is_still_refused_when_both_name_different_things(
 ) -> None:
     """Names, numbers, opposite words, negation and scope on both sides still decide."""
     assert disagreement(features(a), features(b), reworded=True) == reason
+
+
+def test_the_chinese_yes_no_form_is_no_negation() -> None:
+    """ "要不要" / "会不会" ask a question; "不要" says no."""
+    assert _differ("去日本要签证吗？", "去日本要不要签证？") is None
+    assert _differ("去日本要签证吗？", "去日本不要签证吗？") == "negation"
+
+
+def test_a_possessive_names_its_word() -> None:
+    """ "everyone's salaries" is a scope word, as "everyone" is."""
+    assert _differ("Can I see my team's salaries?", "Can I see everyone's salaries?") == "scope"
+
+
+def test_who_acts_is_compared_in_a_small_edit_only() -> None:
+    """A rewording moves the first first-person word; the same words reordered do not."""
+    a, b = "My phone battery drains fast, how can I fix it?", "How do I stop my battery draining?"
+    assert _differ(a, b) == "actor"
+    assert disagreement(features(a), features(b), reworded=True) is None

@@ -129,3 +129,13 @@ def test_judge_treats_a_rewording_leniently_and_a_small_edit_strictly() -> None:
     assert judge(policy, reworded, candidate, 0.8, None) is None
     small = _query("How much is a 3-night stay?")
     assert judge(policy, small, _candidate("How much is a stay?"), 0.95, None) == "numbers"
+
+
+def test_another_ending_is_another_word_not_a_typo() -> None:
+    """ "employer" / "employee" differ in their last letter: two roles, not a misspelling."""
+    assert shape("Can my employer see my email?", "Can my employee see my email?").small_edit
+    assert not shape("How do I resett it?", "How do I reset it?").small_edit
+
+
+def test_asking_for_an_explanation_is_no_edit() -> None:
+    assert not shape("What is an index fund?", "Can you explain what index funds are?").small_edit
