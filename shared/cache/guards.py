@@ -408,10 +408,10 @@ def disagreement(a: Features, b: Features, *, reworded: bool = False) -> str | N
 
     ``reworded``: the two questions are a broad rewording of each other, not an edit of one
     span (shared/cache/verify.py decides). Numbers, dates, units and names then veto only when
-    both questions name some and they differ; who acts is not compared (a rewording reorders
-    the sentence around another first-person word), nor are Chinese content characters (a
-    rewording replaces most of them); negation, antonyms, scope and exchanged pieces veto as
-    always.
+    both questions name some and they differ, and Chinese content characters are not compared
+    (a rewording replaces most of them); negation, antonyms, scope, who acts and exchanged
+    pieces veto as always (a role swap is often a rewording: "my landlord is suing me" / "I am
+    suing my tenant").
     """
     if _differ(a.numbers, b.numbers, reworded):
         return "numbers"
@@ -433,7 +433,7 @@ def disagreement(a: Features, b: Features, *, reworded: bool = False) -> str | N
         return "zh_content"
     if _differ(a.units, b.units, reworded):
         return "units"
-    if not reworded and a.actor and b.actor and a.actor != b.actor:
+    if a.actor and b.actor and a.actor != b.actor:
         return "actor"
     if _exchanged(a.tokens, b.tokens):
         return "order"

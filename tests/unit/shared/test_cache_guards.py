@@ -256,8 +256,8 @@ def test_a_possessive_names_its_word() -> None:
     assert _differ("Can I see my team's salaries?", "Can I see everyone's salaries?") == "scope"
 
 
-def test_who_acts_is_compared_in_a_small_edit_only() -> None:
-    """A rewording moves the first first-person word; the same words reordered do not."""
-    a, b = "My phone battery drains fast, how can I fix it?", "How do I stop my battery draining?"
-    assert _differ(a, b) == "actor"
-    assert disagreement(features(a), features(b), reworded=True) is None
+def test_who_acts_is_compared_in_a_rewording_too() -> None:
+    """A role swap is often worded anew: the actor still decides."""
+    a = "My landlord is suing me for unpaid rent, what should I do?"
+    b = "What should I do when I take my tenant to court over rent they owe?"
+    assert disagreement(features(a), features(b), reworded=True) == "actor"
