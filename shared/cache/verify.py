@@ -32,17 +32,18 @@ from shared.cache.normalize import canonical, has_cjk
 NAME = "overlap"
 REWORD_BONUS = 0.3
 SMALL_EDIT_PENALTY = 0.2
-# The most any question pair's score is raised: candidates are fetched from this far below
-# the threshold.
+# Candidates are fetched from this far below the threshold: the most a rewording raises a
+# score (a near repeat scored lower than that by the embedding is not looked at).
 MAX_RAISE = REWORD_BONUS
 
+# Greetings and fillers a user types around a question ("um, ...", "Thanks! And ...").
+_FILLERS = frozenset("hi hello hey thanks thank um uh ok okay oh well just please so".split())
 # Words that carry no content of the question's topic (a rewording adds or drops them freely).
 _STOP = frozenset(
     "a an the i you we my your me do does did is are was were be can could should would will "
     "how what which who whom when where why to of in on for at by with from and or it its this "
     "that there their as if so am have has had get please any some".split()
-    # Greetings and fillers a user types around a question ("um, ...", "Thanks! And ...").
-    + "hi hello hey thanks thank um uh ok okay oh well just".split()
+    + list(_FILLERS)
     # Asking for an explanation asks the question ("Can you explain what index funds are?").
     + "explain tell describe define mean meaning wonder wondering curious".split()
     # A unit the units guard compares; "15%" has no word for it and "15 percent" has one.
@@ -59,6 +60,8 @@ _SMALL_SPAN_CJK = 4
 # A broad rewording: not a small edit, and at most this share of content words in common.
 # The guards then compare only what both questions name (shared/cache/guards.py).
 REWORDED_JACCARD = 0.5
+# What a near repeat (Shape.repeat) scores at least: the same text, so the guards decide.
+REPEAT_SCORE = 1.0
 # Content words compared per question: the alignment is quadratic, and a 100k-character
 # question must not cost a lookup more than a short one (questions are far shorter).
 MAX_TOKENS = 64
@@ -67,15 +70,19 @@ MAX_TOKENS = 64
 def content_tokens(text: str) -> list[str]:
     """The question's first MAX_TOKENS content words in order (Chinese: its content
     characters), crudely stemmed so that "index fund" and "index funds" agree."""
+    return _tokens(text, _STOP, _ZH_FUNCTION)
+
+
+def _tokens(text: str, skip: frozenset[str], skip_zh: set[str] | frozenset[str]) -> list[str]:
     out: list[str] = []
     for match in _TOKEN.finditer(canonical(text)):
         if len(out) >= MAX_TOKENS:
             break
         token = match.group()
         if has_cjk(token):
-            if token in _ZH_FUNCTION:
+            if token in skip_zh:
                 continue
-        elif token in _STOP:
+        elif token in skip:
             continue
         else:
             for suffix in _SUFFIXES:
@@ -113,6 +120,10 @@ def _fold_typos(a: list[str], b: list[str]) -> list[str]:
 class Shape:
     jaccard: float  # shared content words / all content words of the two
     small_edit: bool  # one span of at most _SMALL_SPAN words differs (the rest, if any, agrees)
+    # Every word the same and in the same order, typos and fillers aside: "What is the baggage
+    # alowance?" / "What is the baggage allowance?". The embedding scores a typo far lower
+    # than the question's meaning warrants.
+    repeat: bool = False
 
     @property
     def reworded(self) -> bool:
@@ -135,7 +146,12 @@ def shape(a: str, b: str) -> Shape:
         _, i1, i2, j1, j2 = spans[0]
         cjk = any(has_cjk(t) for t in ta[i1:i2] + tb[j1:j2])
         small = max(i2 - i1, j2 - j1) <= (_SMALL_SPAN_CJK if cjk else _SMALL_SPAN)
-    return Shape(jaccard, small)
+    repeat = False
+    if not spans:
+        # The content agrees; so must every other word ("how" / "why", "can" / "should").
+        wa = _tokens(a, _FILLERS, frozenset())
+        repeat = _fold_typos(wa, _tokens(b, _FILLERS, frozenset())) == wa
+    return Shape(jaccard, small, repeat)
 
 
 def verified_score(score: float, a: str, b: str, s: Shape | None = None) -> float:
@@ -143,6 +159,8 @@ def verified_score(score: float, a: str, b: str, s: Shape | None = None) -> floa
     (``s``, when the caller has it already)."""
     if s is None:
         s = shape(a, b)
+    if s.repeat:
+        return max(score, REPEAT_SCORE)
     if s.small_edit:
         return score - SMALL_EDIT_PENALTY
     return score + REWORD_BONUS * (1.0 - s.jaccard)

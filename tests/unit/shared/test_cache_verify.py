@@ -139,3 +139,13 @@ def test_another_ending_is_another_word_not_a_typo() -> None:
 
 def test_asking_for_an_explanation_is_no_edit() -> None:
     assert not shape("What is an index fund?", "Can you explain what index funds are?").small_edit
+
+
+def test_the_same_words_with_a_typo_or_a_filler_are_a_near_repeat() -> None:
+    """A typo costs the cosine far more than the meaning: the same words in the same order
+    score as the same text, and the guards decide. A question word is a word ("how" / "why")."""
+    s = shape("What is the baggage alowance?", "What is the baggage allowance?")
+    assert s.repeat and verified_score(0.8, "", "", s) == pytest.approx(1.0)
+    assert shape("um, how do I cancel my order?", "How do I cancel my order?").repeat
+    assert not shape("How do I cook rice?", "Why do I cook rice?").repeat
+    assert not shape("Can my employer read my email?", "Can my employee read my email?").repeat
