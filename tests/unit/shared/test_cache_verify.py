@@ -51,7 +51,7 @@ def test_verified_score_raises_a_rewording_and_lowers_a_small_edit() -> None:
     small = verified_score(0.92, "A good vegetarian lasagna recipe", "A good meat lasagna recipe")
     assert small == pytest.approx(0.92 - SMALL_EDIT_PENALTY)
     assert verified_score(0.95, "How do I reset my password?", "How do I reset my password") == (
-        pytest.approx(0.95)
+        pytest.approx(1.0)  # the same words: a repeat
     )
 
 
