@@ -65,17 +65,24 @@ REPEAT_SCORE = 1.0
 # Content words compared per question: the alignment is quadratic, and a 100k-character
 # question must not cost a lookup more than a short one (questions are far shorter).
 MAX_TOKENS = 64
+_HEAD_CHARS = 32 * MAX_TOKENS
 
 
 def content_tokens(text: str) -> list[str]:
     """The question's first MAX_TOKENS content words in order (Chinese: its content
     characters), crudely stemmed so that "index fund" and "index funds" agree."""
-    return _tokens(text, _STOP, _ZH_FUNCTION)
+    return _tokens(_head(text), _STOP, _ZH_FUNCTION)
 
 
-def _tokens(text: str, skip: frozenset[str], skip_zh: set[str] | frozenset[str]) -> list[str]:
+def _head(text: str) -> str:
+    """The canonical form of as much of ``text`` as MAX_TOKENS words can come from: a
+    100k-character question costs what a short one does."""
+    return canonical(text[:_HEAD_CHARS])
+
+
+def _tokens(canon: str, skip: frozenset[str], skip_zh: set[str] | frozenset[str]) -> list[str]:
     out: list[str] = []
-    for match in _TOKEN.finditer(canonical(text)):
+    for match in _TOKEN.finditer(canon):
         if len(out) >= MAX_TOKENS:
             break
         token = match.group()
@@ -132,8 +139,9 @@ class Shape:
 
 
 def shape(a: str, b: str) -> Shape:
-    ta = content_tokens(a)
-    tb = _fold_typos(ta, content_tokens(b))
+    ca, cb = _head(a), _head(b)
+    ta = _tokens(ca, _STOP, _ZH_FUNCTION)
+    tb = _fold_typos(ta, _tokens(cb, _STOP, _ZH_FUNCTION))
     sa, sb = set(ta), set(tb)
     jaccard = len(sa & sb) / len(sa | sb) if sa | sb else 1.0
     spans = [
@@ -149,8 +157,8 @@ def shape(a: str, b: str) -> Shape:
     repeat = False
     if not spans:
         # The content agrees; so must every other word ("how" / "why", "can" / "should").
-        wa = _tokens(a, _FILLERS, frozenset())
-        repeat = _fold_typos(wa, _tokens(b, _FILLERS, frozenset())) == wa
+        wa = _tokens(ca, _FILLERS, frozenset())
+        repeat = _fold_typos(wa, _tokens(cb, _FILLERS, frozenset())) == wa
     return Shape(jaccard, small, repeat)
 
 
