@@ -186,7 +186,7 @@ async def postgres_report(
 ) -> list[UsageGroup]:
     """The report from PostgreSQL over an asyncpg connection (see :func:`usage_report`)."""
     sql, args = postgres_sql(by, since, until)
-    # A transaction of its own (a savepoint inside a caller's): SET LOCAL ends with it.
+    # SET LOCAL ends with this transaction, or with the caller's when this is a savepoint in it.
     async with conn.transaction():
         for name, value in PG_SETTINGS.items():
             await conn.execute(f"SET LOCAL {name} = '{value}'")
