@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from shared.db.usage_report import GROUP_BY, GroupBy, UsageGroup
+from shared.db.usage_groups import GROUP_BY, GroupBy, UsageGroup
 from shared.env import ENV_PREFIX
 
 # The database clients are imported inside the command: `firsttoken --help` should not pay for

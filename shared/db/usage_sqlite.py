@@ -17,7 +17,7 @@ from sqlalchemy import ColumnElement, Float, Integer, and_, cast, func, literal,
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from shared.db.models import UsageEvent
-from shared.db.usage_report import (
+from shared.db.usage_groups import (
     ERROR_STATUSES,
     LOOKUP_TIERS,
     QUEUE_PERCENTILE,

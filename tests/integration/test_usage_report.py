@@ -15,7 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared.db.migrate import upgrade
 from shared.db.session import make_engine, make_sessionmaker
-from shared.db.usage_report import GROUP_BY, GroupBy, UsageGroup, percentile_cont, usage_report
+from shared.db.usage_groups import GROUP_BY, GroupBy, UsageGroup, percentile_cont
+from shared.db.usage_report import usage_report
 from shared.db.writes import insert_usage_rows
 from shared.tasks import UsageRecord
 from tests.support import child_env, postgres_available, postgres_database, python_cmd

@@ -21,7 +21,8 @@ from firsttoken.usagecli import (
     plot,
     render,
 )
-from shared.db.usage_report import UsageGroup, interpolate, percentile_cont, postgres_sql
+from shared.db.usage_groups import UsageGroup, interpolate, percentile_cont
+from shared.db.usage_report import postgres_sql
 
 GROUP = UsageGroup(
     group="t-a",
@@ -101,16 +102,16 @@ def test_plain_asyncpg_urls_connect_directly_and_others_through_an_engine() -> N
 
 def test_the_database_url_is_the_settings_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """FIRSTTOKEN_DATABASE_URL in any case, as the settings read it; unset, their default."""
-    from shared.settings import Settings, get_settings
+    from shared.settings import get_settings, load_settings
 
     monkeypatch.delenv("FIRSTTOKEN_DATABASE_URL", raising=False)
     get_settings.cache_clear()  # loaded once per process: this test's environment, not another's
     try:
-        assert database_url() == Settings().database_url
+        assert database_url() == load_settings().database_url
     finally:
         get_settings.cache_clear()
     monkeypatch.setenv("firsttoken_database_url", "sqlite+aiosqlite:///lower.db")
-    assert database_url() == "sqlite+aiosqlite:///lower.db" == Settings().database_url
+    assert database_url() == "sqlite+aiosqlite:///lower.db" == load_settings().database_url
 
 
 def test_the_connect_timeout_is_the_sessions() -> None:
@@ -127,7 +128,7 @@ def test_the_usage_command_starts_without_sqlalchemy_or_the_settings() -> None:
         "import sys\n"
         "from firsttoken.cli import build_parser\n"
         "build_parser('usage').parse_args(['usage', '--by', 'day'])\n"
-        "import asyncpg, shared.db.usage_report\n"
+        "import asyncpg, shared.db.usage_report, shared.db.usage_groups\n"
         "heavy = ('sqlalchemy', 'pydantic', 'pydantic_settings', 'firsttoken.keyscli', 'redis')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy or m in heavy))\n"
     )
