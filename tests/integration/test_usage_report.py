@@ -278,6 +278,11 @@ def test_an_unmigrated_database_says_to_migrate(tmp_path: Path) -> None:
     sqlite3.connect(tmp_path / "empty.db").close()
     out = usage_cmd(f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}")
     assert out.returncode == 1 and "firsttoken migrate" in out.stderr
+    if not postgres_available():
+        return
+    with postgres_database() as url:  # not migrated: the asyncpg path says the same
+        out = usage_cmd(url)
+    assert out.returncode == 1 and "firsttoken migrate" in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize(
