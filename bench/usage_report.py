@@ -3,7 +3,8 @@
 Makes a throwaway database, migrates it, fills ``usage_events`` with one generate_series INSERT
 (30 days, 50 tenants, 200 keys, 4 models, 5,000 end users, every cache tier, some errors, NULL
 TTFTs and unpriced rows), runs the command for every ``--by`` and prints the wall time of each
-run (the whole process: start-up, query, output), then drops the database::
+run (the whole process: start-up, query, output) and of the statement alone, then the command
+over an empty window (start-up and connection), then drops the database::
 
     python bench/usage_report.py [--rows 1000000] [--repeat 3] [--admin-url URL]
 """
@@ -64,22 +65,42 @@ async def _admin(sql: str) -> None:
         await conn.close()
 
 
-async def _query_times(url: str, by: str, repeat: int) -> list[float]:
-    """The report's statement alone, in this process (no start-up, no output)."""
-    from shared.db.session import make_engine
-    from shared.db.usage_report import usage_report
+async def _query_times(dsn: str, by: str, repeat: int) -> list[float]:
+    """The report's statement alone, as the command runs it, in this process (no start-up, no
+    connection, no output)."""
+    from shared.db.usage_report import postgres_report
 
-    engine = make_engine(url)
+    conn = await asyncpg.connect(dsn, timeout=5)
     times = []
     try:
         for _ in range(repeat):
             start = time.perf_counter()
-            async with engine.connect() as conn:
-                await usage_report(conn, by=by)  # type: ignore[arg-type]
+            await postgres_report(conn, by=by)  # type: ignore[arg-type]
             times.append(time.perf_counter() - start)
     finally:
-        await engine.dispose()
+        await conn.close()
     return times
+
+
+def _command_times(env: dict[str, str], repeat: int, *args: str) -> list[float]:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "firsttoken", "usage", *args],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _runs(times: list[float]) -> str:
+    return (
+        f"median {statistics.median(times):.2f} s, best {min(times):.2f} s "
+        f"(runs: {', '.join(f'{t:.2f}' for t in times)})"
+    )
 
 
 async def _fill(dsn: str, rows: int) -> float:
@@ -108,22 +129,16 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "firsttoken", "migrate"], env=env, check=True)
         print(f"inserted {args.rows:,} rows in {asyncio.run(_fill(dsn, args.rows)):.1f} s")
         for by in ("tenant", "key", "model", "day", "end_user"):
-            times = []
-            for _ in range(args.repeat):
-                start = time.perf_counter()
-                subprocess.run(
-                    [sys.executable, "-m", "firsttoken", "usage", "--by", by],
-                    env=env,
-                    check=True,
-                    stdout=subprocess.DEVNULL,
-                )
-                times.append(time.perf_counter() - start)
-            query = asyncio.run(_query_times(url, by, args.repeat))
+            times = _command_times(env, args.repeat, "--by", by)
+            query = asyncio.run(_query_times(dsn, by, args.repeat))
             print(
-                f"firsttoken usage --by {by:8}  median {statistics.median(times):.2f} s  "
-                f"(runs: {', '.join(f'{t:.2f}' for t in times)}); the query alone: median "
+                f"firsttoken usage --by {by:8}  {_runs(times)}; the query alone: median "
                 f"{statistics.median(query):.2f} s, best {min(query):.2f} s"
             )
+        # A window after the last row: the created_at index finds nothing, so this is the
+        # command's start-up, connection and output.
+        empty = _command_times(env, args.repeat, "--since", "2100-01-01")
+        print(f"firsttoken usage, empty window  {_runs(empty)}")
         print(f"load average after: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
     finally:
         asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -151,7 +152,23 @@ def _cmd_sim_server(args: argparse.Namespace) -> int:
     return main(args.rest)
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The subcommands in modules of their own, each added by the module's function. Building the
+# parser for one command imports only that command's module: the others' imports (the settings,
+# SQLAlchemy, Redis, prometheus_client) would add to every command's start-up.
+COMMAND_MODULES = {
+    "keys": ("firsttoken.keyscli", "register"),
+    "cache": ("firsttoken.cachecli", "add_parser"),
+    "usage": ("firsttoken.usagecli", "add_parser"),
+    "workers": ("firsttoken.workerscli", "add_parser"),
+    "metrics-server": ("firsttoken.metricscli", "add_parser"),
+    "kb": ("firsttoken.kbcli", "add_parser"),
+    "bench": ("firsttoken.bench.cli", "add_parser"),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `firsttoken` parser; with `command` (one of COMMAND_MODULES), the other modules'
+    subcommands are left out."""
     parser = argparse.ArgumentParser(
         prog="firsttoken",
         description="Low-latency serving stack for AI chat. `firsttoken up` runs it all locally.",
@@ -164,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
         p.set_defaults(fn=fn)
         return p
+
+    def add_from_module(name: str) -> None:
+        if command in (None, name):
+            module, function = COMMAND_MODULES[name]
+            getattr(importlib.import_module(module), function)(sub)
 
     p = add(
         "up",
@@ -224,9 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("migrate", _cmd_migrate, "Apply database migrations (FIRSTTOKEN_DATABASE_URL).")
 
-    from firsttoken.keyscli import register as register_keys
-
-    register_keys(sub)
+    add_from_module("keys")
 
     p = add(
         "chat",
@@ -263,29 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("rest", nargs=argparse.REMAINDER, help="options for the simulator")
 
-    from firsttoken.cachecli import add_parser as add_cache_parser
-
-    add_cache_parser(sub)
-
-    from firsttoken.usagecli import add_parser as add_usage_parser
-
-    add_usage_parser(sub)
-
-    from firsttoken.workerscli import add_parser as add_workers_parser
-
-    add_workers_parser(sub)
-
-    from firsttoken.metricscli import add_parser as add_metrics_parser
-
-    add_metrics_parser(sub)
-
-    from firsttoken.kbcli import add_parser as add_kb_parser
-
-    add_kb_parser(sub)
-
-    from firsttoken.bench.cli import add_parser as add_bench_parser
-
-    add_bench_parser(sub)
+    add_from_module("cache")
+    add_from_module("usage")
+    add_from_module("workers")
+    add_from_module("metrics-server")
+    add_from_module("kb")
+    add_from_module("bench")
     return parser
 
 
@@ -296,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         rest = argv[1:]
         args = argparse.Namespace(fn=_cmd_sim_server, rest=rest[1:] if rest[:1] == ["--"] else rest)
     else:
-        args = build_parser().parse_args(argv)
+        command = argv[0] if argv[:1] and argv[0] in COMMAND_MODULES else None
+        args = build_parser(command).parse_args(argv)
     try:
         return int(args.fn(args))
     except ConfigError as exc:

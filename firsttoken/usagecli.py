@@ -11,20 +11,25 @@ import asyncio
 import csv
 import io
 import json
+import os
 import sys
+from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-if TYPE_CHECKING:
-    from shared.db.usage_report import GroupBy, UsageGroup
+from shared.db.usage_groups import GROUP_BY, GroupBy, UsageGroup
+from shared.env import ENV_PREFIX
 
-# Imported inside the command: `firsttoken --help` should not pay for SQLAlchemy.
+# The database clients are imported inside the command: `firsttoken --help` should not pay for
+# them, and the report on PostgreSQL pays only for asyncpg (not SQLAlchemy, not the settings):
+# start-up counts in the command's time (docs/benchmarks.md).
 
-# shared.db.usage_report.GROUP_BY, spelled out: importing it (SQLAlchemy) would slow every
-# other command's start (tests/unit/firsttoken/test_usagecli.py checks they agree).
-GROUP_BY_CHOICES = ("tenant", "key", "model", "day", "end_user")
 INSTALL_MATPLOTLIB = "pip install 'firsttoken[bench]' (or: pip install 'matplotlib>=3.7')"
+# shared.db.session.PG_CONNECT_TIMEOUT_S, spelled out: importing it (SQLAlchemy) would slow the
+# command's start (tests/unit/firsttoken/test_usagecli.py checks they agree).
+PG_CONNECT_TIMEOUT_S = 10.0
 
 
 class UsageError(Exception):
@@ -188,9 +193,76 @@ def plot(days: list[UsageGroup], path: Path) -> None:
 
 
 def _shown(url: str) -> str:
-    from sqlalchemy import make_url
+    from sqlalchemy import make_url  # only to print an error
 
     return make_url(url).render_as_string(hide_password=True)
+
+
+def database_url() -> str:
+    """FIRSTTOKEN_DATABASE_URL, as the settings read it (any case), else the settings' value.
+
+    The settings object (pydantic) is a tenth of a second to import and validate, on a command
+    with a time budget that needs one of its fields."""
+    wanted = f"{ENV_PREFIX}DATABASE_URL"
+    for name, value in os.environ.items():
+        if name.upper() == wanted:
+            return value
+    from shared.settings import get_settings
+
+    return get_settings().database_url
+
+
+def asyncpg_dsn(database_url: str) -> str | None:
+    """The asyncpg DSN for a plain ``postgresql+asyncpg://`` URL, else None: other databases,
+    and URLs with options (SQLAlchemy's dialect reads those), go through an engine."""
+    parts = urlsplit(database_url)
+    if parts.scheme != "postgresql+asyncpg" or parts.query:
+        return None
+    return urlunsplit(parts._replace(scheme="postgresql"))
+
+
+Report = Callable[[GroupBy], Awaitable[list[UsageGroup]]]
+
+
+async def _with_days(
+    report: Report, by: GroupBy, with_days: bool
+) -> tuple[list[UsageGroup], list[UsageGroup] | None]:
+    groups = await report(by)
+    if not with_days:
+        return groups, None
+    return groups, groups if by == "day" else await report("day")
+
+
+async def _fetch_postgres(
+    dsn: str, by: GroupBy, since: datetime | None, until: datetime | None, with_days: bool
+) -> tuple[list[UsageGroup], list[UsageGroup] | None]:
+    import asyncpg
+
+    from shared.db.usage_report import postgres_report
+
+    conn = await asyncpg.connect(dsn, timeout=PG_CONNECT_TIMEOUT_S)
+    try:
+        return await _with_days(
+            lambda b: postgres_report(conn, by=b, since=since, until=until), by, with_days
+        )
+    finally:
+        await conn.close()
+
+
+async def _fetch_engine(
+    database_url: str, by: GroupBy, since: datetime | None, until: datetime | None, with_days: bool
+) -> tuple[list[UsageGroup], list[UsageGroup] | None]:
+    from shared.db.session import make_engine
+    from shared.db.usage_report import usage_report
+
+    engine = make_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            return await _with_days(
+                lambda b: usage_report(conn, by=b, since=since, until=until), by, with_days
+            )
+    finally:
+        await engine.dispose()
 
 
 async def fetch(
@@ -203,49 +275,46 @@ async def fetch(
 ) -> tuple[list[UsageGroup], list[UsageGroup] | None]:
     """The report grouped `by`, and with `with_days` also by day (for the plot); UsageError
     saying what to do when the database cannot be read."""
+    dsn = asyncpg_dsn(database_url)
+    try:
+        if dsn is not None:
+            return await _fetch_postgres(dsn, by, since, until, with_days)
+        return await _fetch_engine(database_url, by, since, until, with_days)
+    except Exception as exc:
+        error = _usage_error(exc, database_url)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def _usage_error(exc: Exception, database_url: str) -> UsageError | None:
+    """What to say when the database failed (`exc`); None for anything else."""
     import asyncpg
     from sqlalchemy.exc import DBAPIError
 
     from shared.db.errors import is_retryable
-    from shared.db.session import make_engine
-    from shared.db.usage_report import usage_report
 
-    engine = make_engine(database_url)
-    try:
-        async with engine.connect() as conn:
-            groups = await usage_report(conn, by=by, since=since, until=until)
-            days = None
-            if with_days:
-                days = (
-                    groups
-                    if by == "day"
-                    else await usage_report(conn, by="day", since=since, until=until)
-                )
-            return groups, days
-    except Exception as exc:
-        where = f"the database at {_shown(database_url)}"
-        text = str(getattr(exc, "orig", None) or exc)
-        if "no such table" in text or ("usage_events" in text and "does not exist" in text):
-            raise UsageError(
-                f"{where} has no usage_events table: run `firsttoken migrate`"
-            ) from exc
-        if is_retryable(exc) or isinstance(exc, DBAPIError | asyncpg.PostgresError):
-            raise UsageError(
-                f"cannot read usage from {where}: {type(exc).__name__}: {text.strip()[:300]}"
-            ) from exc
-        raise
-    finally:
-        await engine.dispose()
+    where = f"the database at {_shown(database_url)}"
+    text = str(getattr(exc, "orig", None) or exc)
+    if "no such table" in text or ("usage_events" in text and "does not exist" in text):
+        return UsageError(f"{where} has no usage_events table: run `firsttoken migrate`")
+    if is_retryable(exc) or isinstance(exc, DBAPIError | asyncpg.PostgresError):
+        return UsageError(
+            f"cannot read usage from {where}: {type(exc).__name__}: {text.strip()[:300]}"
+        )
+    return None
 
 
 def check_database_exists(database_url: str) -> None:
     """A SQLite file that is not there is a mistake to report, not a database to create (the
     engine would create an empty one)."""
+    if not database_url.startswith("sqlite"):
+        return
     from sqlalchemy import make_url
 
     parsed = make_url(database_url)
     name = parsed.database
-    if parsed.get_backend_name() != "sqlite" or not name or name == ":memory:":
+    if not name or name == ":memory:":
         return
     if name.startswith("file:") or Path(name).expanduser().exists():
         return
@@ -256,12 +325,10 @@ def check_database_exists(database_url: str) -> None:
 
 
 def _cmd_usage(args: argparse.Namespace) -> int:
-    from shared.settings import get_settings
-
     if args.since is not None and args.until is not None and args.since >= args.until:
         print("firsttoken usage: --since must be before --until", file=sys.stderr)
         return 2
-    url = get_settings().database_url
+    url = database_url()
     try:
         check_database_exists(url)
         groups, days = asyncio.run(
@@ -305,7 +372,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument(
         "--by",
-        choices=GROUP_BY_CHOICES,
+        choices=GROUP_BY,
         default="tenant",
         help="one row per tenant (default), API key, model, UTC day or end user (the chat "
         "frame's `user`; rows without one as '(none)')",

@@ -15,7 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared.db.migrate import upgrade
 from shared.db.session import make_engine, make_sessionmaker
-from shared.db.usage_report import UsageGroup, percentile_cont, usage_report
+from shared.db.usage_groups import GROUP_BY, GroupBy, UsageGroup, percentile_cont
+from shared.db.usage_report import usage_report
 from shared.db.writes import insert_usage_rows
 from shared.tasks import UsageRecord
 from tests.support import child_env, postgres_available, postgres_database, python_cmd
@@ -109,6 +110,11 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
     await eng.dispose()
 
 
+async def report_list(engine: AsyncEngine, by: GroupBy, since: datetime) -> list[UsageGroup]:
+    async with engine.connect() as conn:
+        return await usage_report(conn, by=by, since=since)
+
+
 async def report(engine: AsyncEngine, **kw: Any) -> dict[str | None, UsageGroup]:
     async with engine.connect() as conn:
         return {g.group: g for g in await usage_report(conn, **kw)}
@@ -155,6 +161,35 @@ async def test_by_end_user_day_model_and_key(engine: AsyncEngine) -> None:
     assert list(await report(engine, by="key")) == ["k1", "k2"]
 
 
+async def test_postgres_report_on_bare_asyncpg_is_the_engines_and_sets_nothing_after(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    """On PostgreSQL, the command's path (a bare asyncpg connection) gives the same groups as
+    an engine's connection, also inside a transaction already begun; its settings end with it."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("PostgreSQL only")
+    import asyncpg
+    from sqlalchemy import text
+
+    from firsttoken.usagecli import asyncpg_dsn
+    from shared.db.usage_report import postgres_report
+
+    dsn = asyncpg_dsn(database_url)
+    assert dsn is not None
+    conn = await asyncpg.connect(dsn)
+    try:
+        before = await conn.fetchval("SHOW work_mem")
+        for by in GROUP_BY:
+            bare = await postgres_report(conn, by=by)
+            async with engine.connect() as sa_conn:
+                await sa_conn.execute(text("SELECT 1"))  # the transaction has begun
+                assert await usage_report(sa_conn, by=by) == bare
+        assert await conn.fetchval("SHOW work_mem") == before
+        assert await conn.fetchval("SHOW enable_sort") == "on"
+    finally:
+        await conn.close()
+
+
 async def test_since_and_until_bound_the_rows(engine: AsyncEngine) -> None:
     """since is inclusive and until exclusive."""
     day2 = datetime.fromtimestamp(DAY2, UTC)
@@ -196,6 +231,22 @@ def test_the_command_prints_json_csv_and_a_table(database_url: str) -> None:
     assert table[1].split()[:3] == ["t-a", "100", "4"] and len(table) == 2
 
 
+@pytest.mark.parametrize("by", GROUP_BY)
+async def test_the_commands_json_is_the_reports(
+    engine: AsyncEngine, database_url: str, by: GroupBy
+) -> None:
+    """The command (on PostgreSQL its bare asyncpg path) prints the report's groups as they
+    are, for every grouping and within a window."""
+    args = ("--by", by, "--format", "json", "--since", "2026-01-01T00:00:30")
+    out = usage_cmd(database_url, *args)
+    assert out.returncode == 0, out.stderr
+    since = datetime.fromtimestamp(DAY1 + 30, UTC)
+    expected = [{by: g.group, **g.as_dict()} for g in await report_list(engine, by, since)]
+    for row in expected:
+        row.pop("group")
+    assert json.loads(out.stdout) == expected
+
+
 def test_plot_writes_a_png(database_url: str, tmp_path: Path) -> None:
     """--plot FILE writes one PNG chart (TTFT percentiles and hit rate per day)."""
     pytest.importorskip("matplotlib", reason="matplotlib (the bench extra) is not installed")
@@ -227,6 +278,11 @@ def test_an_unmigrated_database_says_to_migrate(tmp_path: Path) -> None:
     sqlite3.connect(tmp_path / "empty.db").close()
     out = usage_cmd(f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}")
     assert out.returncode == 1 and "firsttoken migrate" in out.stderr
+    if not postgres_available():
+        return
+    with postgres_database() as url:  # not migrated: the asyncpg path says the same
+        out = usage_cmd(url)
+    assert out.returncode == 1 and "firsttoken migrate" in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize(

@@ -1,18 +1,28 @@
 """`firsttoken usage`'s pure parts: dates, percentile interpolation, rendering, the plot's
-missing-matplotlib message."""
+missing-matplotlib message, the database URL and what the command imports."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from firsttoken.usagecli import GROUP_BY_CHOICES, UsageError, parse_when, plot, render
-from shared.db.usage_report import GROUP_BY, UsageGroup, interpolate, percentile_cont
+from firsttoken.usagecli import (
+    PG_CONNECT_TIMEOUT_S,
+    UsageError,
+    asyncpg_dsn,
+    database_url,
+    parse_when,
+    plot,
+    render,
+)
+from shared.db.usage_groups import UsageGroup, interpolate, percentile_cont
+from shared.db.usage_report import postgres_sql
 
 GROUP = UsageGroup(
     group="t-a",
@@ -80,6 +90,60 @@ def test_plot_without_matplotlib_says_how_to_install_it(
     assert not (tmp_path / "p.png").exists()
 
 
-def test_the_commands_groupings_are_the_reports() -> None:
-    """--by offers exactly the groupings the report knows."""
-    assert GROUP_BY_CHOICES == GROUP_BY
+def test_plain_asyncpg_urls_connect_directly_and_others_through_an_engine() -> None:
+    """postgresql+asyncpg without options: an asyncpg DSN (password kept); SQLite, other
+    drivers and URLs with options (SQLAlchemy's to read): None."""
+    url = "postgresql+asyncpg://u:p%40ss@db:5433/ft"
+    assert asyncpg_dsn(url) == "postgresql://u:p%40ss@db:5433/ft"
+    assert asyncpg_dsn("postgresql+asyncpg://u@db/ft?ssl=require") is None
+    assert asyncpg_dsn("postgresql+psycopg://u@db/ft") is None
+    assert asyncpg_dsn("sqlite+aiosqlite:///x.db") is None
+
+
+def test_the_database_url_is_the_settings_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FIRSTTOKEN_DATABASE_URL in any case, as the settings read it; unset, their default."""
+    from shared.settings import get_settings, load_settings
+
+    monkeypatch.delenv("FIRSTTOKEN_DATABASE_URL", raising=False)
+    get_settings.cache_clear()  # loaded once per process: this test's environment, not another's
+    try:
+        assert database_url() == load_settings().database_url
+    finally:
+        get_settings.cache_clear()
+    monkeypatch.setenv("firsttoken_database_url", "sqlite+aiosqlite:///lower.db")
+    assert database_url() == "sqlite+aiosqlite:///lower.db" == load_settings().database_url
+
+
+def test_the_connect_timeout_is_the_sessions() -> None:
+    """The command's asyncpg connect timeout is the engines' (spelled out to skip SQLAlchemy)."""
+    from shared.db.session import PG_CONNECT_TIMEOUT_S as ENGINE_TIMEOUT
+
+    assert PG_CONNECT_TIMEOUT_S == ENGINE_TIMEOUT
+
+
+def test_the_usage_command_starts_without_sqlalchemy_or_the_settings() -> None:
+    """Parsing `firsttoken usage` and loading the report imports neither SQLAlchemy, pydantic
+    nor the other subcommands' modules (their imports are most of the command's start-up)."""
+    code = (
+        "import sys\n"
+        "from firsttoken.cli import build_parser\n"
+        "build_parser('usage').parse_args(['usage', '--by', 'day'])\n"
+        "import asyncpg, shared.db.usage_report, shared.db.usage_groups\n"
+        "heavy = ('sqlalchemy', 'pydantic', 'pydantic_settings', 'firsttoken.keyscli', 'redis')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy or m in heavy))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_postgres_window_binds_only_the_bounds_given() -> None:
+    """since and until are $1 and $2 when both are given; one alone is $1; none, no WHERE."""
+    since, until = datetime(2026, 12, 1, tzinfo=UTC), datetime(2026, 12, 2, tzinfo=UTC)
+    sql, args = postgres_sql("day", since, until)
+    assert "created_at >= $1 AND created_at < $2" in sql and args == [since, until]
+    sql, args = postgres_sql("tenant", None, until)
+    assert "created_at < $1" in sql and "$2" not in sql and args == [until]
+    sql, args = postgres_sql("key", None, None)
+    assert "WHERE" not in sql.split("FROM usage_events")[1] and args == []
