@@ -35,7 +35,13 @@ ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "tests" / "data"
 VALIDATION = DATA / "validation"
 HOLDOUT = VALIDATION / "holdout"
-FILES = ("questions_en.jsonl", "questions_zh.jsonl", "conversations.jsonl")
+FILES = (
+    "questions_en.jsonl",
+    "questions_zh.jsonl",
+    "conversations.jsonl",
+    "related_en.jsonl",
+    "related_zh.jsonl",
+)
 TRUE_KINDS = ("paraphrase_reworded", "near_repeat")
 TRAP_KINDS = (
     "negation",
@@ -104,6 +110,18 @@ def test_questions_zh_counts_and_categories() -> None:
     assert all(counts[f"zh_{k}"] >= 10 for k in TRAP_KINDS), counts
     cjk = re.compile(r"[\u4e00-\u9fff]")
     assert all(cjk.search(p.b[-1].content) for p in pairs)
+
+
+@pytest.mark.parametrize(
+    ("name", "lang", "least"), [("related_en.jsonl", "en", 200), ("related_zh.jsonl", "zh", 150)]
+)
+def test_related_questions_are_all_traps_of_one_category(name: str, lang: str, least: int) -> None:
+    """Same topic, different question: every pair a trap, no question in two pairs."""
+    pairs = _both(name)
+    assert len(pairs) >= least
+    assert {p.category for p in pairs} == {f"{lang}_related_question"}
+    questions = [_text(m) for p in pairs for m in (p.a, p.b)]
+    assert len(set(questions)) == len(questions)
 
 
 def test_conversations_counts_and_categories() -> None:
