@@ -71,7 +71,9 @@ _EN_ANTONYMS = (
     ("more", "less", "fewer"),
     ("higher", "lower"), ("high", "low"), ("first", "last"), ("male", "female"), ("men", "women"),
     ("win", "lose"), ("gain", "lose"), ("turn on", "turn off"), ("switch on", "switch off"),
-    ("login", "logout"), ("log in", "log out"), ("sign in", "sign out"), ("encrypt", "decrypt"),
+    ("speed up", "slow down"), ("freeze", "thaw", "defrost"), ("indoor", "outdoor"),
+    ("indoors", "outdoors"), ("zip", "unzip"), ("login", "logout"), ("log in", "log out"),
+    ("sign in", "sign out"), ("encrypt", "decrypt"),
     ("compress", "decompress"), ("install", "uninstall"), ("subscribe", "unsubscribe"),
     ("lock", "unlock"), ("follow", "unfollow"), ("block", "unblock"), ("mute", "unmute"),
     ("allow", "deny", "block"), ("accept", "reject", "decline"), ("true", "false"),
@@ -95,6 +97,19 @@ _ZH_ANTONYMS = (
     ("合法", "违法"), ("收入", "支出"), ("升级", "降级"), ("发送", "接收"), ("出发", "到达"),
     ("存款", "取款"), ("男性", "女性"), ("最快", "最慢"), ("最早", "最晚"),
     ("冷冻", "冻结", "解冻"), ("绑定", "解绑"), ("充值", "提现"),
+)  # fmt: skip
+# The two sides of a relation: a question asked by one side is another question when asked by
+# the other ("my employee quit without notice" / "I quit without telling my employer"). Each
+# side is a tuple of its names (singular: a plural "s" is dropped before matching).
+_ROLES: tuple[tuple[tuple[str, ...], ...], ...] = (
+    (("employer", "boss"), ("employee",)), (("landlord", "landlady"), ("tenant", "renter")),
+    (("buyer", "purchaser"), ("seller", "vendor")),
+    (("lender", "creditor"), ("borrower", "debtor")),
+    (("teacher", "tutor"), ("student", "pupil")), (("doctor", "physician"), ("patient",)),
+    (("sender",), ("recipient", "receiver")), (("host",), ("guest",)),
+    (("雇主", "老板", "公司"), ("员工", "雇员")), (("房东",), ("租客", "房客", "租户")),
+    (("买家", "买方"), ("卖家", "卖方", "商家")), (("出借人", "债权人"), ("借款人", "债务人")),
+    (("老师", "教师"), ("学生",)), (("医生",), ("病人", "患者")),
 )  # fmt: skip
 # Single Chinese characters (大/小, 上/下 ...) are left to the character comparison: as
 # substrings they would fire inside unrelated words (多少, 上海). A broad rewording skips that
@@ -194,6 +209,7 @@ class Features:
     entities: tuple[str, ...]
     negations: int
     polarity: tuple[str, ...]  # antonym group members used, "group:member"
+    roles: tuple[str, ...]  # sides of a relation named, "relation:side"
     scope: tuple[str, ...]
     zh_content: tuple[str, ...]  # sorted content characters (Chinese only)
     units: tuple[str, ...]
@@ -310,6 +326,16 @@ def _polarity(text: str, words: list[str], groups: tuple[tuple[str, ...], ...]) 
     return tuple(sorted(found))
 
 
+def _roles(text: str, words: list[str]) -> tuple[str, ...]:
+    singular = {w.removesuffix("s") for w in words} | set(words)
+    found: set[str] = set()
+    for ri, relation in enumerate(_ROLES):
+        for si, names in enumerate(relation):
+            if any((n in text) if has_cjk(n) else (n in singular) for n in names):
+                found.add(f"{ri}:{si}")
+    return tuple(sorted(found))
+
+
 def _negations(text: str, words: list[str]) -> int:
     count = sum(1 for w in words if w in _EN_NEGATIONS or w.endswith("n't"))
     if has_cjk(text):
@@ -364,6 +390,7 @@ def features(text: str) -> Features:
         entities=_entities(text, words),
         negations=_negations(canon, words),
         polarity=_polarity(canon, words, _EN_ANTONYMS + _ZH_ANTONYMS),
+        roles=_roles(canon, words),
         scope=tuple(scope),
         zh_content=zh_content,
         units=_units(canon),
@@ -435,6 +462,8 @@ def disagreement(a: Features, b: Features, *, reworded: bool = False) -> str | N
         return "units"
     if a.actor and b.actor and a.actor != b.actor:
         return "actor"
+    if _polarity_conflict(a.roles, b.roles):
+        return "role"
     if _exchanged(a.tokens, b.tokens):
         return "order"
     return None

@@ -1,24 +1,26 @@
-"""The overlap verifier: the shape of the edit between two questions adjusts their similarity.
+"""The overlap verifier: the shape of the edit between two questions.
 
 On the evaluation sets (issue 28) the traps that pass every guard are nearly all *small
 edits*: one short span of an otherwise identical question is replaced, added or dropped
-("brown rice" / "wild rice", "vegetarian lasagna" / "meat lasagna", "speed up" / "slow
-down", "... while breastfeeding" dropped). Their cosine is as high as a paraphrase's. A
-paraphrase written by someone else rewords broadly ("Why is the sky blue?" / "What makes the
-sky look blue during the day?") and MiniLM scores it 0.7-0.9, below any threshold safe for the
-small edits. So the score a threshold is compared with is
+("brown rice" / "wild rice", "vegetarian lasagna" / "meat lasagna", "... while breastfeeding"
+dropped). Their cosine is as high as a paraphrase's. So the score a threshold is compared with
+is, over the questions' content words (stop words dropped, a typo folded into the word it
+misspells):
 
-    verified = cosine - SMALL_EDIT_PENALTY                 for a small edit
-    verified = cosine + REWORD_BONUS * (1 - jaccard)       otherwise
+    verified = max(cosine, REPEAT_SCORE)          for a near repeat (the same words, typos
+                                                   and fillers aside)
+    verified = cosine - SMALL_EDIT_PENALTY         for a small edit
+    verified = cosine                              otherwise
 
-over the questions' content words (stop words dropped, a typo folded into the word it
-misspells): a broad rewording is trusted more, a one-span edit less. A short question whose
-one content word is replaced shares nothing, yet is a small edit, never a rewording ("Is it
-open?" / "Is it closed?"). The two weights were chosen on the dev and validation sets (a 3x3
-grid; served at 1%, 2% and 5% risk varies by a few pairs around these); the threshold for
-an operator's risk comes from its own calibration table (``<embedder>+overlap`` in
-shared/cache/calibrated.py). The guards still veto first. Pure, no
-model: it costs tens of microseconds a candidate.
+A short question whose one content word is replaced shares nothing, yet is a small edit ("Is
+it open?" / "Is it closed?"). The shape also tells the guards how strictly to compare
+(``Shape.reworded``, shared/cache/guards.py). A broad rewording is *not* trusted more than its
+cosine: a different question on the same topic ("How do I change my email address?" / "How do
+I set up a new email account?") rewords as broadly as a paraphrase, and until 2026-12-07 a
+bonus for low overlap served such questions (the related-question sets, docs/benchmarks.md).
+The threshold for an operator's risk comes from this verifier's own calibration table
+(``<embedder>+overlap`` in shared/cache/calibrated.py). The guards still veto first. Pure, no
+model: tens of microseconds a candidate.
 """
 
 from __future__ import annotations
@@ -30,11 +32,10 @@ from shared.cache.guards import _TOKEN, _ZH_FUNCTION
 from shared.cache.normalize import canonical, has_cjk
 
 NAME = "overlap"
-REWORD_BONUS = 0.3
 SMALL_EDIT_PENALTY = 0.2
-# Candidates are fetched from this far below the threshold: the most a rewording raises a
-# score (a near repeat scored lower than that by the embedding is not looked at).
-MAX_RAISE = REWORD_BONUS
+# Candidates are fetched from this far below the threshold: a near repeat's cosine, which a
+# typo lowers, is raised to REPEAT_SCORE; one scored lower than this below is not looked at.
+MAX_RAISE = 0.3
 
 # Greetings and fillers a user types around a question ("um, ...", "Thanks! And ...").
 _FILLERS = frozenset("hi hello hey thanks thank um uh ok okay oh well just please so".split())
@@ -171,7 +172,7 @@ def verified_score(score: float, a: str, b: str, s: Shape | None = None) -> floa
         return max(score, REPEAT_SCORE)
     if s.small_edit:
         return score - SMALL_EDIT_PENALTY
-    return score + REWORD_BONUS * (1.0 - s.jaccard)
+    return score
 
 
 def table_key(embedder: str, verifier: str) -> str:

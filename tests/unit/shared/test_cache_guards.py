@@ -261,3 +261,36 @@ def test_who_acts_is_compared_in_a_rewording_too() -> None:
     a = "My landlord is suing me for unpaid rent, what should I do?"
     b = "What should I do when I take my tenant to court over rent they owe?"
     assert disagreement(features(a), features(b), reworded=True) == "actor"
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("How do I write a reference letter for my former employee?", "How do I ask my former employer for a reference letter?"),
+        ("Can my landlord keep the deposit for small scratches?", "Can I keep my tenant's deposit for small scratches?"),
+        ("房东可以随便进我租的房子吗？", "租客可以随便进房东的房子吗？"),
+    ],
+)  # fmt: skip
+def test_the_other_side_of_a_relation_is_another_question(a: str, b: str) -> None:
+    """Employer / employee, landlord / tenant: who the question is about decides the answer."""
+    assert disagreement(features(a), features(b), reworded=True) in ("role", "actor")
+    assert disagreement(features(a), features(b)) is not None
+
+
+def test_a_role_named_in_the_plural_is_the_same_role() -> None:
+    assert (
+        _differ("What must employers pay for overtime?", "What must an employer pay for overtime?")
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("How can I speed up my computer's fan?", "How can I slow down my computer's fan?"),
+        ("How do I freeze fresh basil?", "How do I thaw frozen basil?"),
+        ("Fun party ideas for kids indoors", "Fun party ideas for kids outdoors"),
+    ],
+)
+def test_opposite_phrases_disagree(a: str, b: str) -> None:
+    assert _differ(a, b) == "antonym"

@@ -9,7 +9,6 @@ from shared.cache.policy import Candidate, Policy, Query, judge
 from shared.cache.verify import (
     MAX_RAISE,
     MAX_TOKENS,
-    REWORD_BONUS,
     SMALL_EDIT_PENALTY,
     content_tokens,
     shape,
@@ -45,9 +44,11 @@ def test_typos_and_fillers_change_nothing() -> None:
     assert s.jaccard == 1.0 and not s.small_edit
 
 
-def test_verified_score_raises_a_rewording_and_lowers_a_small_edit() -> None:
+def test_verified_score_keeps_a_rewording_and_lowers_a_small_edit() -> None:
+    """A rewording is trusted at its cosine: a different question on the same topic rewords
+    as broadly ("change my email address" / "set up a new email account")."""
     reworded = verified_score(0.8, "Why is the sky blue?", "What makes the sky look blue?")
-    assert 0.8 < reworded <= 0.8 + REWORD_BONUS
+    assert reworded == pytest.approx(0.8)
     small = verified_score(0.92, "A good vegetarian lasagna recipe", "A good meat lasagna recipe")
     assert small == pytest.approx(0.92 - SMALL_EDIT_PENALTY)
     assert verified_score(0.95, "How do I reset my password?", "How do I reset my password") == (
@@ -80,16 +81,19 @@ def _candidate(text: str) -> Candidate:
     return Candidate(text, "", _query(text).context, None, 1)
 
 
-def test_judge_with_the_verifier_serves_a_rewording_a_plain_cosine_would_not() -> None:
-    """At threshold 0.93 a rewording at cosine 0.86 is served with the verifier, not without;
-    a one-word substitution at 0.92 is refused with it."""
-    cached, asked = "Why is the sky blue?", "What makes the sky look blue during the day?"
-    plain, verified = Policy(threshold=0.93), Policy(threshold=0.93, verifier="overlap")
-    assert judge(plain, _query(asked), _candidate(cached), 0.86, None) == "similarity"
-    assert judge(verified, _query(asked), _candidate(cached), 0.86, None) is None
+def test_judge_with_the_verifier_lets_a_rewording_past_one_sided_guards() -> None:
+    """A rewording that names a number on one side only: the plain judge refuses it on the
+    numbers guard, the verified one serves it at its cosine; a one-word substitution at 0.92 is
+    refused with the verifier."""
+    cached = "What is the legal drinking age in Japan?"
+    asked = "At what age may you buy alcohol in Japan, is it 20?"
+    plain, verified = Policy(threshold=0.8), Policy(threshold=0.8, verifier="overlap")
+    assert judge(plain, _query(asked), _candidate(cached), 0.85, None) == "numbers"
+    assert judge(verified, _query(asked), _candidate(cached), 0.85, None) is None
+    assert judge(verified, _query(asked), _candidate(cached), 0.75, None) == "similarity"
     trap = ("What's a good vegetarian lasagna recipe?", "What's a good meat lasagna recipe?")
     assert judge(verified, _query(trap[1]), _candidate(trap[0]), 0.92, None) == "similarity"
-    assert verified.min_score == pytest.approx(0.93 - MAX_RAISE) and plain.min_score == 0.93
+    assert verified.min_score == pytest.approx(0.8 - MAX_RAISE) and plain.min_score == 0.8
 
 
 def test_policy_from_uses_the_verified_table_and_falls_back_to_the_plain_cosine() -> None:
