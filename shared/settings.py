@@ -382,9 +382,10 @@ class Settings(BaseSettings):
     cache_verifier: Literal["overlap", "none"] = Field(
         "overlap",
         description="How a cached question's similarity is judged: overlap (the cosine "
-        "raised for a broad rewording, lowered for a one-span edit such as another product or "
-        "a dropped condition; shared/cache/verify.py) or none (the cosine alone). Each has its "
-        "own calibration for cache_max_error_rate.",
+        "lowered for a one-span edit such as another product or a dropped condition, raised "
+        "for the same words with a typo or a filler, and the guards compared by what a broad "
+        "rewording names on both sides; shared/cache/verify.py) or none (the cosine alone). "
+        "Each has its own calibration for cache_max_error_rate.",
     )
     cache_context_threshold: float | None = Field(
         None,
