@@ -156,10 +156,11 @@ def shape(a: str, b: str) -> Shape:
         cjk = any(has_cjk(t) for t in ta[i1:i2] + tb[j1:j2])
         small = max(i2 - i1, j2 - j1) <= (_SMALL_SPAN_CJK if cjk else _SMALL_SPAN)
     repeat = False
-    if not spans:
-        # The content agrees; so must every other word ("how" / "why", "can" / "should").
-        wa = _tokens(ca, _FILLERS, frozenset())
-        repeat = _fold_typos(wa, _tokens(cb, _FILLERS, frozenset())) == wa
+    if not spans and max(len(a), len(b)) <= _HEAD_CHARS:
+        # The content agrees; so must every other word ("how" / "why", "can" / "should"), all
+        # of them: a long text compared by its head is no repeat.
+        wa, wb = _tokens(ca, _FILLERS, frozenset()), _tokens(cb, _FILLERS, frozenset())
+        repeat = max(len(wa), len(wb)) < MAX_TOKENS and _fold_typos(wa, wb) == wa
     return Shape(jaccard, small, repeat)
 
 

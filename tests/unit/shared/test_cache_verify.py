@@ -153,3 +153,9 @@ def test_the_same_words_with_a_typo_or_a_filler_are_a_near_repeat() -> None:
     assert shape("um, how do I cancel my order?", "How do I cancel my order?").repeat
     assert not shape("How do I cook rice?", "Why do I cook rice?").repeat
     assert not shape("Can my employer read my email?", "Can my employee read my email?").repeat
+
+
+def test_a_long_text_read_only_by_its_head_is_no_repeat() -> None:
+    """Two long texts alike for their first words may ask different things at the end."""
+    text = "Here is my email draft: " + "we met last week and agreed on the plan. " * 20
+    assert not shape(text + "Summarize it.", text + "Translate it into French.").repeat
