@@ -444,9 +444,8 @@ def disagreement(a: Features, b: Features, *, reworded: bool = False) -> str | N
         return "numbers"
     if _differ(a.dates, b.dates, reworded):
         return "dates"
-    if not (reworded and not (a.entities and b.entities)) and (
-        _unnamed(a.entities, b) or _unnamed(b.entities, a)
-    ):
+    one_sided = not (a.entities and b.entities)
+    if not (reworded and one_sided) and (_unnamed(a.entities, b) or _unnamed(b.entities, a)):
         return "entities"
     if a.negations % 2 != b.negations % 2:
         return "negation"
