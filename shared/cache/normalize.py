@@ -107,10 +107,6 @@ _EN_CONTRACTIONS = (
 
 # The same contractions typed without the apostrophe ("whats", "dont", "wont"), as words only:
 # "wont" inside "wonton" is no contraction. "its" (the possessive) and "well" are left alone.
-_EN_BARE_CONTRACTIONS = re.compile(
-    r"\b(what|how|where|who|i|can|won|don|doesn|didn|isn|aren|wasn|weren|shouldn|wouldn"
-    r"|couldn|haven|hasn)(s|m|t)\b"
-)
 _BARE_EXPANSIONS = {
     "whats": "what is", "hows": "how is", "wheres": "where is", "whos": "who is", "im": "i am",
     "cant": "can not", "wont": "will not", "dont": "do not", "doesnt": "does not",
@@ -118,11 +114,11 @@ _BARE_EXPANSIONS = {
     "werent": "were not", "shouldnt": "should not", "wouldnt": "would not",
     "couldnt": "could not", "havent": "have not", "hasnt": "has not",
 }  # fmt: skip
+_EN_BARE_CONTRACTIONS = re.compile(rf"\b(?:{'|'.join(_BARE_EXPANSIONS)})\b")
 
 
 def _expand_bare(match: re.Match[str]) -> str:
-    word = match.group(0)
-    return _BARE_EXPANSIONS.get(word, word)
+    return _BARE_EXPANSIONS[match.group(0)]
 
 
 def normalize(text: str) -> str:

@@ -135,7 +135,7 @@ def judge(
     reworded = False
     if policy.verifier == VERIFIER and score >= policy.min_score:
         edit = shape(candidate.question, query.raw_question)
-        score = verified_score(score, candidate.question, query.raw_question, edit)
+        score = verified_score(score, edit)
         reworded = edit.reworded
     if score < policy.threshold:
         return "similarity"

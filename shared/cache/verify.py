@@ -164,11 +164,8 @@ def shape(a: str, b: str) -> Shape:
     return Shape(jaccard, small, repeat)
 
 
-def verified_score(score: float, a: str, b: str, s: Shape | None = None) -> float:
-    """The cosine ``score`` of questions ``a`` and ``b`` adjusted by the shape of their edit
-    (``s``, when the caller has it already)."""
-    if s is None:
-        s = shape(a, b)
+def verified_score(score: float, s: Shape) -> float:
+    """The cosine ``score`` of two questions adjusted by the shape ``s`` of their edit."""
     if s.repeat:
         return max(score, REPEAT_SCORE)
     if s.small_edit:

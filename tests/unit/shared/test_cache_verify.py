@@ -47,11 +47,15 @@ def test_typos_and_fillers_change_nothing() -> None:
 def test_verified_score_keeps_a_rewording_and_lowers_a_small_edit() -> None:
     """A rewording is trusted at its cosine: a different question on the same topic rewords
     as broadly ("change my email address" / "set up a new email account")."""
-    reworded = verified_score(0.8, "Why is the sky blue?", "What makes the sky look blue?")
+    reworded = verified_score(0.8, shape("Why is the sky blue?", "What makes the sky look blue?"))
     assert reworded == pytest.approx(0.8)
-    small = verified_score(0.92, "A good vegetarian lasagna recipe", "A good meat lasagna recipe")
+    small = verified_score(
+        0.92, shape("A good vegetarian lasagna recipe", "A good meat lasagna recipe")
+    )
     assert small == pytest.approx(0.92 - SMALL_EDIT_PENALTY)
-    assert verified_score(0.95, "How do I reset my password?", "How do I reset my password") == (
+    assert verified_score(
+        0.95, shape("How do I reset my password?", "How do I reset my password")
+    ) == (
         pytest.approx(1.0)  # the same words: a repeat
     )
 
@@ -60,13 +64,13 @@ def test_a_short_question_whose_only_word_flips_is_a_small_edit_not_a_rewording(
     """Nothing shared is still one span: "Is it open?" / "Is it closed?" (cosine 0.80) is
     lowered, not raised as a rewording would be."""
     assert shape("Is it open?", "Is it closed?").small_edit
-    assert verified_score(0.8, "Is it open?", "Is it closed?") == pytest.approx(0.6)
+    assert verified_score(0.8, shape("Is it open?", "Is it closed?")) == pytest.approx(0.6)
 
 
 def test_verified_score_handles_empty_and_odd_text() -> None:
     """Empty, emoji-only, code and 100k-character questions score, never raise."""
     for text in ("", "   ", "🙂🙂", "```x = 1```", "word " * 20_000, "混合 mixed 文字"):
-        assert isinstance(verified_score(0.9, text, "How do I reset my password?"), float)
+        assert isinstance(verified_score(0.9, shape(text, "How do I reset my password?")), float)
     assert len(content_tokens("word " * 20_000)) == MAX_TOKENS  # the alignment stays cheap
 
 
@@ -149,7 +153,7 @@ def test_the_same_words_with_a_typo_or_a_filler_are_a_near_repeat() -> None:
     """A typo costs the cosine far more than the meaning: the same words in the same order
     score as the same text, and the guards decide. A question word is a word ("how" / "why")."""
     s = shape("What is the baggage alowance?", "What is the baggage allowance?")
-    assert s.repeat and verified_score(0.8, "", "", s) == pytest.approx(1.0)
+    assert s.repeat and verified_score(0.8, s) == pytest.approx(1.0)
     assert shape("um, how do I cancel my order?", "How do I cancel my order?").repeat
     assert not shape("How do I cook rice?", "Why do I cook rice?").repeat
     assert not shape("Can my employer read my email?", "Can my employee read my email?").repeat
