@@ -183,6 +183,11 @@ _UNIT_TOKEN = re.compile(
 # but not their actor. The first first-person word says whether the user is the subject.
 _FIRST_PERSON_SUBJECT = {"i", "we", "i'm", "i've", "i'd", "i'll", "we're", "we've"}
 _FIRST_PERSON_OTHER = {"me", "my", "mine", "myself", "us", "our", "ours", "ourselves"}
+# Chinese has one word for "I" and "me" (我); its place says which. Before 的 ("我的") or
+# after a verb or a preposition ("房东起诉我", "后车追尾了我", "给我") it is "my"/"me"; at the
+# start of a clause ("我要起诉租客", "如果我...") it is "I". Anywhere else it says nothing.
+_ZH_OBJECT_BEFORE = frozenset("给让对把被替帮向跟找叫请欠了诉扣罚骗打告害坑催赶逼追辞除炒删拒")
+_ZH_CLAUSE_STARTS = ("如果", "要是", "假如", "但是", "可是", "但", "那么", "所以", "因为", "现在")
 
 # The exchanged-pieces search is quadratic in the differing span; past this many tokens a
 # reordering is refused outright.
@@ -253,12 +258,23 @@ def _units(text: str) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def _actor(words: list[str]) -> str:
+def _actor(text: str, words: list[str]) -> str:
+    """Whether the user is the subject ("self"), named otherwise ("other"), or neither ("");
+    ``text`` as the user wrote it (canonical() drops the 的 and 了 that tell)."""
     for word in words:
         if word in _FIRST_PERSON_SUBJECT:
             return "self"
         if word in _FIRST_PERSON_OTHER:
             return "other"
+    first = text.find("我")
+    if first < 0:
+        return ""
+    # The first 我 decides, as the first English first-person word does.
+    before = text[:first].rstrip()
+    if text[first + 1 : first + 2] == "的" or (before and before[-1] in _ZH_OBJECT_BEFORE):
+        return "other"
+    if not before or not has_cjk(before[-1]) or before.endswith(_ZH_CLAUSE_STARTS):
+        return "self"
     return ""
 
 
@@ -394,7 +410,7 @@ def features(text: str) -> Features:
         scope=tuple(scope),
         zh_content=zh_content,
         units=_units(canon),
-        actor=_actor(words),
+        actor=_actor(text, words),
         tokens=tuple(_TOKEN.findall(canon)),
         words=frozenset(words),
         negated_stems=_prefix_negated(words),

@@ -294,3 +294,33 @@ def test_a_role_named_in_the_plural_is_the_same_role() -> None:
 )
 def test_opposite_phrases_disagree(a: str, b: str) -> None:
     assert _differ(a, b) == "antonym"
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("后车追尾了我，谁来赔？", "我追尾了别人的车，谁来赔偿损失？"),
+        ("朋友欠我两百块不还怎么办？", "我欠朋友两百块还不上怎么办？"),
+        ("房东起诉我拖欠房租，怎么应对？", "我想告租客拖欠房租，该怎么处理？"),
+    ],
+)  # fmt: skip
+def test_who_acts_in_chinese_is_read_from_where_wo_stands(a: str, b: str) -> None:
+    """我 is "I" at the start of a clause and "me" after a verb or a preposition: "后车追尾了我"
+    (someone hit me) and "我追尾了别人" (I hit someone) ask two things, even reworded."""
+    assert disagreement(features(a), features(b), reworded=True) == "actor"
+
+
+@pytest.mark.parametrize(
+    ("text", "actor"),
+    [
+        ("我要起诉租客", "self"),
+        ("如果我辞职了，年假怎么算？", "self"),
+        ("护照丢了，我该怎么办？", "self"),
+        ("我的护照丢了怎么办？", "other"),
+        ("老板让我周末加班合法吗？", "other"),
+        ("周末加班合法吗？", ""),
+        ("这个我不太懂", ""),
+    ],
+)  # fmt: skip
+def test_the_chinese_actor(text: str, actor: str) -> None:
+    assert features(text).actor == actor
