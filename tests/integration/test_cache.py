@@ -30,6 +30,10 @@ def cstack(
         # can beat an embedding on a loaded 2-core machine; then the engine answers, by design).
         sim_args=("--ttft-ms", "200", "--itl-ms", "5", "--max-tokens", "32"),
         cache_max_temperature="0.5",
+        # The default frame limit, not the tests' 64 KiB, and a model with room for it: a
+        # question near max_message_chars (100,000 characters) must reach the cache.
+        max_frame_bytes=str(1 << 20),
+        prompt_budget_tokens="65536",
     ) as s:
         s.wait_ready()
         yield s
@@ -175,6 +179,53 @@ async def test_tenants_are_isolated(cstack: Stack) -> None:
     assert done["cached"] is False
     await mine.ws.close()
     await theirs.ws.close()
+
+
+# Questions a cache must survive: no words at all, two scripts, a code block, and a pasted text
+# near the gateway's 100,000-character limit (max_message_chars).
+_ODD = [
+    ("emoji", "\U0001f642\U0001f642\U0001f642\u2753"),
+    ("mixed", "Python \u91cc\u600e\u4e48 reverse \u4e00\u4e2a list\uff1f"),
+    ("code", "```python\nfor i in range(3):\n    print(i\n```\nWhy is this a syntax error?"),
+    ("long", "Summarise this log. " + "line of log text 0123456789 " * 3500),
+]
+
+
+@pytest.mark.parametrize(("tag", "question"), _ODD, ids=[t for t, _ in _ODD])
+async def test_odd_questions_are_replayed_only_to_the_same_tenant_and_system_prompt(
+    cstack: Stack, tag: str, question: str
+) -> None:
+    """An odd question is cached and replayed like any other: to its tenant, under its system
+    prompt; another tenant or system prompt gets the engine. The worker never fails on it."""
+    other_key = await asyncio.to_thread(_migrate_and_key, cstack.services.database_url)
+    mine, theirs = await _client(cstack), await _client(cstack, other_key)
+    answer = await _stored(mine, question, f"odd-{tag}", cstack)
+    again, done = await _ask(mine, f"odd-{tag}-again", question)
+    assert done["cached"] is True and again == answer
+    system = [
+        {"role": "system", "content": "Answer in French."},
+        {"role": "user", "content": question},
+    ]
+    _, under_another_prompt = await _ask(mine, f"odd-{tag}-system", system)
+    _, for_another_tenant = await _ask(theirs, f"odd-{tag}-tenant", question)
+    assert under_another_prompt["cached"] is False
+    assert for_another_tenant["cached"] is False
+    await mine.ws.close()
+    await theirs.ws.close()
+
+
+async def test_a_blank_question_is_answered_and_the_connection_goes_on(cstack: Stack) -> None:
+    """Whitespace alone is a question the engine answers; nothing breaks, before or after it
+    is cached, and the next chat on the connection is served as usual."""
+    client = await _client(cstack)
+    for i in range(2):
+        _, done = await _ask(client, f"blank{i}", " \n\t ")
+        assert done["finish_reason"] in ("stop", "length")
+        await asyncio.sleep(1.0)
+    answer = await _stored(client, "Do you sell gift cards?", "blank-next", cstack)
+    again, done = await _ask(client, "blank-next-again", "Do you sell gift cards?")
+    assert done["cached"] is True and again == answer
+    await client.ws.close()
 
 
 async def test_follow_up_in_another_conversation_is_not_served(cstack: Stack) -> None:
