@@ -195,6 +195,7 @@ _EXCHANGE_SEARCH_MAX = 64
 
 # Words that join two things symmetrically: "TCP and UDP" asks what "UDP and TCP" asks.
 _SYMMETRIC = {"and", "or", "vs", "versus", "&", "和", "与", "跟", "及", "或"}
+_ARTICLES = frozenset({"a", "an", "the"})
 _TOKEN = re.compile(r"[a-z0-9]+(?:[.'/-][a-z0-9]+)*|[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|&")
 
 # Chinese characters that carry no content for the character comparison (question words,
@@ -411,7 +412,9 @@ def features(text: str) -> Features:
         zh_content=zh_content,
         units=_units(canon),
         actor=_actor(text, words),
-        tokens=tuple(_TOKEN.findall(canon)),
+        # "the landlord's permission" / "the tenant's permission": an article or a possessive
+        # does not change who is named where.
+        tokens=tuple(t.removesuffix("'s") for t in _TOKEN.findall(canon) if t not in _ARTICLES),
         words=frozenset(words),
         negated_stems=_prefix_negated(words),
     )
