@@ -279,6 +279,32 @@ def _actor(text: str, words: list[str]) -> str:
     return ""
 
 
+_FIRST_PERSON_OBJECT = frozenset({"me", "us", "myself", "ourselves"})
+_FIRST_PERSON = _FIRST_PERSON_SUBJECT | _FIRST_PERSON_OTHER
+
+
+def _object_moved(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """Behind a frame both questions share and that names the user ("what should I do if"),
+    the user is the object on one side only: "... if my dog bit someone" / "... if someone's
+    dog bit me", "... if I hit someone" / "... if someone hit me". The first first-person
+    word, the frame's, cannot tell these apart."""
+    shared = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        shared += 1
+    if not any(t in _FIRST_PERSON for t in a[:shared]):
+        return False
+    rest_a, rest_b = a[shared:], b[shared:]
+    object_a = any(t in _FIRST_PERSON_OBJECT for t in rest_a)
+    object_b = any(t in _FIRST_PERSON_OBJECT for t in rest_b)
+    if object_a == object_b:
+        return False
+    # The other side names the user too, as subject or owner: the user changed places.
+    other = rest_b if object_a else rest_a
+    return any(t in _FIRST_PERSON for t in other)
+
+
 def _exchanged(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     """Whether ``b`` is ``a`` with two separated pieces exchanged: "X than Y" -> "Y than X",
     "from X to Y" -> "from Y to X". Such a question asks the opposite, though every word is the
@@ -478,7 +504,7 @@ def disagreement(a: Features, b: Features, *, reworded: bool = False) -> str | N
         return "zh_content"
     if _differ(a.units, b.units, reworded):
         return "units"
-    if a.actor and b.actor and a.actor != b.actor:
+    if (a.actor and b.actor and a.actor != b.actor) or _object_moved(a.tokens, b.tokens):
         return "actor"
     if _polarity_conflict(a.roles, b.roles):
         return "role"

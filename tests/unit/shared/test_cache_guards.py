@@ -346,3 +346,20 @@ def test_an_article_beside_a_symmetric_word_keeps_it_symmetric() -> None:
         )
         is None
     )
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("What should I do if my dog bit someone?", "What should I do if someone's dog bit me?"),
+        ("What should I do if I hit someone with my car?", "What should I do if someone hit me with their car?"),
+    ],
+)  # fmt: skip
+def test_behind_a_shared_frame_the_user_as_object_is_another_question(a: str, b: str) -> None:
+    """The frame's "I" is the first first-person word on both sides; what follows it decides."""
+    assert _differ(a, b) == "actor"
+    assert disagreement(features(a), features(b), reworded=True) == "actor"
+
+
+def test_the_user_named_in_other_words_behind_a_frame_is_no_swap() -> None:
+    assert _differ("How do I cancel my order?", "How do I cancel the order I placed?") is None
