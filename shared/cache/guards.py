@@ -107,9 +107,14 @@ _ROLES: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("lender", "creditor"), ("borrower", "debtor")),
     (("teacher", "tutor"), ("student", "pupil")), (("doctor", "physician"), ("patient",)),
     (("sender",), ("recipient", "receiver")), (("host",), ("guest",)),
+    (("driver",), ("passenger", "rider")), (("plaintiff",), ("defendant",)),
+    (("insurer",), ("policyholder", "insured")), (("coach",), ("player", "athlete")),
+    (("client",), ("contractor", "freelancer")),
     (("雇主", "老板", "公司"), ("员工", "雇员")), (("房东",), ("租客", "房客", "租户")),
     (("买家", "买方"), ("卖家", "卖方", "商家")), (("出借人", "债权人"), ("借款人", "债务人")),
     (("老师", "教师"), ("学生",)), (("医生",), ("病人", "患者")),
+    (("司机",), ("乘客",)), (("原告",), ("被告",)), (("保险公司",), ("投保人", "被保险人")),
+    (("教练",), ("球员", "运动员")), (("甲方",), ("乙方",)),
 )  # fmt: skip
 # Single Chinese characters (大/小, 上/下 ...) are left to the character comparison: as
 # substrings they would fire inside unrelated words (多少, 上海). A broad rewording skips that

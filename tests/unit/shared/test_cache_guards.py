@@ -269,6 +269,8 @@ def test_who_acts_is_compared_in_a_rewording_too() -> None:
         ("How do I write a reference letter for my former employee?", "How do I ask my former employer for a reference letter?"),
         ("Can my landlord keep the deposit for small scratches?", "Can I keep my tenant's deposit for small scratches?"),
         ("房东可以随便进我租的房子吗？", "租客可以随便进房东的房子吗？"),
+        ("Can the insurer cancel the policy at any time?", "Can the policyholder cancel the policy at any time?"),
+        ("网约车司机有哪些权利？", "网约车乘客有哪些权利？"),
     ],
 )  # fmt: skip
 def test_the_other_side_of_a_relation_is_another_question(a: str, b: str) -> None:
