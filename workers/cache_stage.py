@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -143,8 +144,11 @@ class CacheStage:
             k=self.settings.cache_candidates,
             min_score=self.policy.min_score,
         )
+        # The query's count is asked once however many candidates there are (a long question
+        # is tokenized for it).
+        read_chars = functools.cache(self.embedder.read_chars)
         for score, candidate, answer in found:
-            reason = judge(self.policy, query, candidate, score, result.context_vector)
+            reason = judge(self.policy, query, candidate, score, result.context_vector, read_chars)
             if reason is None:
                 result.hit, result.tier = answer, "semantic"
                 return result

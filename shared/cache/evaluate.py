@@ -120,7 +120,9 @@ def sweep(
                     context_vector=ctx_vecs.get(a.embed_context),
                     completion_tokens=1,
                 )
-                reason = judge(at, b, candidate, score, ctx_vecs.get(b.embed_context))
+                reason = judge(
+                    at, b, candidate, score, ctx_vecs.get(b.embed_context), embedder.read_chars
+                )
                 hits.append(reason is None)
         out.append(hits)
     return out

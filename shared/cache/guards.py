@@ -348,19 +348,27 @@ def _entities(original: str, words: list[str]) -> tuple[str, ...]:
     """Capitalised words after the first word, words mixing letters and digits or inner capitals
     (iPhone, GPT4, macOS), and Latin words inside Chinese text."""
     found: set[str] = set()
+    # Once per text, not per word: a 100k-character question is read in one pass.
+    cjk = has_cjk(original)
     for i, match in enumerate(_RAW_WORD.finditer(original)):
         word = match.group(0)
         low = word.lower()
         if low in _EN_CAPITAL_STOP or low.removesuffix("s") in _EN_DATES:
             continue
-        starts_sentence = i == 0 or original[: match.start()].rstrip()[-1:] in (".", "?", "!", ":")
+        starts_sentence = i == 0 or _char_before(original, match.start()) in (".", "?", "!", ":")
         inner_capital = any(c.isupper() for c in word[1:])
         mixed = any(c.isdigit() for c in word)
-        if (word[0].isupper() and not starts_sentence) or inner_capital or mixed:
-            found.add(low)
-        elif has_cjk(original):
+        if (word[0].isupper() and not starts_sentence) or inner_capital or mixed or cjk:
             found.add(low)
     return tuple(sorted(found))
+
+
+def _char_before(text: str, end: int) -> str:
+    """The last non-space character of ``text[:end]``, "" when none."""
+    i = end - 1
+    while i >= 0 and text[i].isspace():
+        i -= 1
+    return text[i] if i >= 0 else ""
 
 
 def _polarity(text: str, words: list[str], groups: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:

@@ -5,14 +5,21 @@ so the evaluation measures exactly what production serves.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
 from shared.cache.guards import Features, disagreement, features
-from shared.cache.normalize import Turn, context_key, exact_key, partition_key, split_turn
+from shared.cache.normalize import (
+    Turn,
+    context_key,
+    exact_key,
+    normalize,
+    partition_key,
+    split_turn,
+)
 from shared.cache.verify import MAX_RAISE, shape, verified_score
 from shared.cache.verify import NAME as VERIFIER
 from shared.protocol import Message
@@ -113,6 +120,30 @@ class Query:
         return features(self.turn.context_text)
 
 
+def differs_where_read(a: str, b: str, read_chars: Callable[[str], int]) -> bool:
+    """Whether everything that differs between two embedded texts lies in the part the model
+    read of each. A model that truncates (MiniLM reads 128 tokens) scores two long texts alike
+    in their first words as one text: a pasted report whose last lines name another cause.
+    Beyond what it read, the two must be the same text."""
+    if a == b:
+        return True
+    same_tail = _common_suffix(a, b)
+    return len(a) - same_tail <= read_chars(a) and len(b) - same_tail <= read_chars(b)
+
+
+def _common_suffix(a: str, b: str) -> int:
+    """The length of the longest text both end with (a binary search of slice comparisons:
+    a 100k-character question costs microseconds, not a Python loop over it)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[len(a) - mid :] == b[len(b) - mid :]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """What the judge needs of a cached entry."""
@@ -130,8 +161,12 @@ def judge(
     candidate: Candidate,
     score: float,
     context_vector: np.ndarray | None,
+    read_chars: Callable[[str], int] = len,
 ) -> str | None:
-    """None when ``candidate`` may answer ``query``; else the reason it may not."""
+    """None when ``candidate`` may answer ``query``; else the reason it may not.
+
+    ``read_chars``: how much of a question the embedding model reads (``Embedder.read_chars``;
+    ``len`` for a model that reads every text whole)."""
     reworded = False
     if policy.verifier == VERIFIER and score >= policy.min_score:
         edit = shape(candidate.question, query.raw_question)
@@ -139,6 +174,8 @@ def judge(
         reworded = edit.reworded
     if score < policy.threshold:
         return "similarity"
+    if not differs_where_read(query.embed_question, normalize(candidate.question), read_chars):
+        return "unread"
     if candidate.completion_tokens > query.max_tokens:
         return "max_tokens"  # the stored answer is longer than this client allows
     if candidate.context_key != query.context:

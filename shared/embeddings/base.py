@@ -27,6 +27,11 @@ class Embedder(Protocol):
         """One unit-length row per text."""
         ...
 
+    def read_chars(self, text: str) -> int:
+        """How many leading characters of ``text`` its row depends on (``len(text)`` unless the
+        model truncates): two texts that differ past that point get the same row."""
+        ...
+
     def close(self) -> None: ...
 
 

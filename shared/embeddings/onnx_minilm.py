@@ -22,6 +22,12 @@ MODEL_ID = "all-MiniLM-L6-v2-int8"
 DIM = 384
 # MiniLM was trained on 128-token inputs; a cached question is far shorter, a context is cut.
 MAX_TOKENS = 128
+# Every wordpiece covers at least one character, so a text this short is read whole; past it
+# the tokenizer says where the 128th token ends. It is asked about the first 32 characters a
+# token at most: a text whose 128 tokens reach further (long unknown words) is taken as read
+# that far, which only makes the cache stricter.
+_ALWAYS_READ = MAX_TOKENS - 2  # [CLS] and [SEP] take two of the 128
+_READ_SCAN = MAX_TOKENS * 32
 
 
 def _package_file(package: str, *parts: str) -> Path | None:
@@ -109,6 +115,13 @@ class OnnxMiniLM:
         weights = mask[:, :, None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
         return l2_normalize(pooled)
+
+    def read_chars(self, text: str) -> int:
+        if len(text) <= _ALWAYS_READ:
+            return len(text)
+        # The end of the last text token the truncated row keeps ([SEP] is at (0, 0)).
+        end = max(end for _, end in self._tokenizer.encode(text[:_READ_SCAN]).offsets)
+        return len(text) if not text[end:].strip() else end
 
     def close(self) -> None:
         return None

@@ -52,6 +52,9 @@ class PerLanguage:
             out[cjk, -1] = self._b
         return out
 
+    def read_chars(self, text: str) -> int:
+        return (self.cjk if has_cjk(text) else self.other).read_chars(text)
+
     def close(self) -> None:
         try:
             self.other.close()

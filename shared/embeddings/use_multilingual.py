@@ -56,5 +56,8 @@ class UseMultilingual:
             raise EmbeddingError(f"USE multilingual inference failed: {exc}") from exc
         return l2_normalize(np.asarray(rows, dtype=np.float32).reshape(len(texts), DIM))
 
+    def read_chars(self, text: str) -> int:
+        return len(text)  # the CNN reads every token: no truncation
+
     def close(self) -> None:
         return None

@@ -214,6 +214,23 @@ async def test_odd_questions_are_replayed_only_to_the_same_tenant_and_system_pro
     await theirs.ws.close()
 
 
+async def test_a_long_text_alike_in_what_the_model_reads_is_not_served(cstack: Stack) -> None:
+    """MiniLM reads a question's first 128 tokens: two pasted reports alike up to there but
+    naming another cause at their end embed as one. The one whose end differs goes to the
+    engine; the same report with another word up front ("Summarize") is served."""
+    client = await _client(cstack)
+    report = "Here is our incident report template, filled in. Read it and tell me the root cause. "
+    report *= 10  # past the 128th token: the two ends are not read
+    end = " In the end the cache layer timed out under load."
+    answer = await _stored(client, "Summarise this report: " + report + end, "longtail", cstack)
+    other = "Summarise this report: " + report + " In the end a bad firewall rule dropped traffic."
+    _, done = await _ask(client, "longtail-other", other)
+    assert done["cached"] is False
+    again, done = await _ask(client, "longtail-z", "Summarize this report: " + report + end)
+    assert done["cached"] is True and again == answer
+    await client.ws.close()
+
+
 async def test_a_blank_question_is_answered_and_the_connection_goes_on(cstack: Stack) -> None:
     """Whitespace alone is a question the engine answers; nothing breaks, before or after it
     is cached, and the next chat on the connection is served as usual."""

@@ -120,6 +120,49 @@ def _candidate(query: Query) -> Candidate:
     )
 
 
+def test_judge_serves_only_what_the_model_read_differently() -> None:
+    """A model that reads 40 characters scores two texts alike in those as one: they may be
+    served for each other only if they agree past them. A difference up front is read."""
+    report = "Read this report and tell me the root cause. Disk full on db-2; fixed by cleanup."
+    other = "Read this report and tell me the root cause. Bad firewall rule; fixed by revert."
+    reworded = (
+        "Please read this report: what was the root cause? Disk full on db-2; fixed by cleanup."
+    )
+
+    def read40(text: str) -> int:
+        return min(len(text), 40)
+
+    def ask(a: str, b: str) -> str | None:
+        cached = _query([Message(role="user", content=a)])
+        return judge(
+            Policy(),
+            _query([Message(role="user", content=b)]),
+            _candidate(cached),
+            0.99,
+            None,
+            read40,
+        )
+
+    assert ask(report, other) == "unread"
+    assert ask(report, report.lower()) is None
+    short_a, short_b = (
+        "Read this report and tell me the cause.",
+        "Read this report; what is the cause?",
+    )
+    assert ask(short_a, short_b) is None  # read whole
+    assert ask(report, reworded) == "unread"  # the difference reaches past what was read
+    head = "Summarise: " + report
+    assert ask(head, "Give me a summary: " + report) is None  # only the front differs
+    # A model that reads every text whole (`len`, the default) leaves it to the guards.
+    cached = _query([Message(role="user", content=report)])
+    assert (
+        judge(
+            Policy(), _query([Message(role="user", content=other)]), _candidate(cached), 0.99, None
+        )
+        != "unread"
+    )
+
+
 def test_judge_serves_a_conversation_only_after_the_same_earlier_turns() -> None:
     """By default the earlier turns must be the same, however similar: a follow-up after
     order 90317 is not answered from one after order 90371, nor from the question alone."""

@@ -113,3 +113,17 @@ def test_cache_prepare_builds_the_model_into_the_configured_dir(tmp_path: Path) 
     assert done.returncode == 0, done.stderr[-2000:]
     built = list(tmp_path.glob("*.onnx"))
     assert len(built) == 1 and str(built[0]) in done.stdout
+
+
+def test_minilm_reads_as_far_as_its_row_depends(built: Path) -> None:
+    """Two texts alike up to ``read_chars`` embed to the same row, whatever follows; a short
+    text is read whole without tokenizing it."""
+    model = OnnxMiniLM(str(built))
+    head = "Please read this incident report and tell me its root cause. " * 12
+    a, b = head + "The cache timed out.", head + "A firewall rule dropped traffic."
+    read = model.read_chars(a)
+    assert 0 < read < len(head) and read == model.read_chars(b)
+    assert float(np.dot(*model.embed([a, b]))) > 0.9999
+    assert model.read_chars(head[:read]) == read
+    assert model.read_chars("How do I reset my password?") == len("How do I reset my password?")
+    assert model.read_chars("x" * 200_000) <= 200_000

@@ -97,6 +97,9 @@ class _Fixed:
         self.calls.append(list(texts))
         return l2_normalize(np.array([self.table[t] for t in texts], dtype=np.float32))
 
+    def read_chars(self, text: str) -> int:
+        return min(len(text), 1) if self.name == "zh" else len(text)
+
     def close(self) -> None:
         self.closed = True
 
@@ -150,3 +153,10 @@ def test_settings_choose_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(only_use, UseMultilingual)
     scaled = make_embedder(load_settings(embed_cjk_scale=0.5))
     assert scaled.name.endswith("@0.5")
+
+
+def test_per_language_asks_the_model_of_the_text_how_much_it_reads() -> None:
+    other, cjk = _pair()
+    both = PerLanguage(other, cjk)
+    assert both.read_chars("abc") == 3
+    assert both.read_chars("甲乙丙") == 1
