@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from shared.cache.normalize import canonical, has_cjk
+from shared.cache.normalize import CODE_SPAN, canonical, has_cjk
 
 _WORD = re.compile(r"[a-z0-9]+(?:[.'-][a-z0-9]+)*")
 _RAW_WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[.'-][A-Za-z0-9]+)*")
@@ -224,6 +224,8 @@ class Features:
     scope: tuple[str, ...]
     zh_content: tuple[str, ...]  # sorted content characters (Chinese only)
     units: tuple[str, ...]
+    code: tuple[str, ...]  # code blocks and inline code, whitespace folded
+    operators: tuple[str, ...]  # "==", "<", "//", "++" ... outside code, in order
     actor: str  # "self" when the first first-person word is a subject, "other", or ""
     tokens: tuple[str, ...]  # words and CJK characters in order, for the order guard
     words: frozenset[str]
@@ -251,6 +253,35 @@ def _strip_idioms(text: str, idioms: tuple[str, ...]) -> str:
     for idiom in idioms:
         text = text.replace(idiom, " ")
     return text
+
+
+# Code and operators: the words of "what does a / b do" and "what does a // b do" are the same,
+# and so are those of a snippet that fails and the one that is fixed; their answers are not.
+_OPERATOR = re.compile(r"[-=<>!/*+%&|^~\\#]+")
+
+
+def _code(text: str) -> tuple[str, ...]:
+    """Code blocks and inline code spans, compared as written (only spacing folded)."""
+    return tuple(" ".join(m.group().strip("`").split()) for m in CODE_SPAN.finditer(text))
+
+
+def _operators(text: str) -> tuple[str, ...]:
+    """Operator runs outside code, in order. A hyphen or slash inside a word ("e-mail",
+    "and/or") and a sentence's "!" are prose, not operators."""
+    prose = CODE_SPAN.sub(" ", text)
+    found = []
+    for match in _OPERATOR.finditer(prose):
+        op = match.group()
+        before = prose[match.start() - 1 : match.start()]
+        after = prose[match.end() : match.end() + 1]
+        if op in ("-", "/") and before.isalnum() and after.isalnum():
+            continue
+        if op == "!" or (op == "-" and before == " " and after == " "):
+            continue  # "Help!", "Paris - is it safe?"
+        if op == "%" and before.isdigit():
+            continue  # "15%" is "15 percent", the units' business
+        found.append(op)
+    return tuple(found)
 
 
 def _units(text: str) -> tuple[str, ...]:
@@ -450,6 +481,8 @@ def features(text: str) -> Features:
         scope=tuple(scope),
         zh_content=zh_content,
         units=_units(canon),
+        code=_code(text),
+        operators=_operators(text),
         actor=_actor(text, words),
         # "the landlord's permission" / "the tenant's permission": an article or a possessive
         # does not change who is named where.
@@ -517,6 +550,10 @@ def disagreement(a: Features, b: Features, *, reworded: bool = False) -> str | N
         return "zh_content"
     if _differ(a.units, b.units, reworded):
         return "units"
+    if a.code != b.code and not (reworded and not (a.code and b.code)):
+        return "code"
+    if _differ(a.operators, b.operators, reworded):
+        return "operators"
     if (a.actor and b.actor and a.actor != b.actor) or _object_moved(a.tokens, b.tokens):
         return "actor"
     if _polarity_conflict(a.roles, b.roles):

@@ -22,7 +22,14 @@ from dataclasses import dataclass
 from shared.protocol import Message
 
 _SPACE = re.compile(r"\s+")
-_EDGE_PUNCT = re.compile(r"^[\s\"'“”‘’`(\[]+|[\s?!.。？！,，;；:：~…\"'“”‘’`)\]]+$")
+_LEAD = r"^[\s\"'“”‘’`(\[]+"
+_TRAIL = r"[\s?!.。？！,，;；:：~…\"'“”‘’`)\]]+$"
+_EDGE_PUNCT = re.compile(f"{_LEAD}|{_TRAIL}")
+_LEADING_PUNCT = re.compile(_LEAD)
+# A text of several lines or with code keeps its closing brackets and quotes: "b()" is code.
+_TRAILING_PUNCT = re.compile(r"[\s?!.。？！,，;；:：~…]+$")
+# A fenced code block (to its closing fence, or to the end when unclosed) or inline code.
+CODE_SPAN = re.compile(r"```.*?(?:```|$)|`[^`\n]+`", re.S)
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 
 # Chinese question words and fillers that never change the answer. Longest first, so that
@@ -122,11 +129,49 @@ def _expand_bare(match: re.Match[str]) -> str:
 
 
 def normalize(text: str) -> str:
-    """The exact tier's form: NFKC, case-folded, one space, no edge punctuation."""
+    """The exact tier's form: NFKC, case-folded, one space, no edge punctuation. Code is kept
+    as written, and so are the lines and indentation of a text of several lines: "print(i" and
+    "print(i)", "String" and "string" in Java, an indented line and a dedented one ask
+    different things."""
+    if "`" not in text and "\n" not in text:
+        return _EDGE_PUNCT.sub("", _fold(text))
+    parts: list[tuple[bool, str]] = []  # (is code, text)
+    pos = 0
+    for match in CODE_SPAN.finditer(text):
+        parts.append((False, _fold_lines(text[pos : match.start()])))
+        parts.append((True, _code_form(match.group())))
+        pos = match.end()
+    parts.append((False, _fold_lines(text[pos:])))
+    parts = [(code, part) for code, part in parts if part]
+    if parts and not parts[0][0]:
+        parts[0] = (False, _LEADING_PUNCT.sub("", parts[0][1]))
+    if parts and not parts[-1][0]:
+        parts[-1] = (False, _TRAILING_PUNCT.sub("", parts[-1][1]))
+    return " ".join(part for _, part in parts if part)
+
+
+def _fold(text: str) -> str:
     text = unicodedata.normalize("NFKC", text).casefold()
     text = text.replace("’", "'").replace("‘", "'")
-    text = _SPACE.sub(" ", text).strip()
-    return _EDGE_PUNCT.sub("", text)
+    return _SPACE.sub(" ", text).strip()
+
+
+def _fold_lines(text: str) -> str:
+    """Prose of several lines: each line folded, its indentation kept, blank lines dropped."""
+    lines = []
+    for i, line in enumerate(text.split("\n")):
+        body = _fold(line)
+        if body:
+            # Indentation starts a line; the first piece may follow code on its line.
+            indent = line[: len(line) - len(line.lstrip(" \t"))] if i else ""
+            lines.append(indent + body)
+    return "\n".join(lines)
+
+
+def _code_form(code: str) -> str:
+    """Code as written: only line ends and trailing spaces are not the code's."""
+    lines = [line.rstrip() for line in code.replace("\r\n", "\n").split("\n")]
+    return "\n".join(lines).strip("\n")
 
 
 def has_cjk(text: str) -> bool:

@@ -231,6 +231,21 @@ async def test_a_long_text_alike_in_what_the_model_reads_is_not_served(cstack: S
     await client.ws.close()
 
 
+async def test_a_fixed_snippet_is_not_answered_with_the_broken_ones_answer(cstack: Stack) -> None:
+    """Code is compared as written: the snippet with its closing bracket, or another operator,
+    is another question (before, both tiers folded them together); the same snippet again is
+    a repeat."""
+    client = await _client(cstack)
+    broken = "Why does this fail?\n```\nfor i in range(3): print(i\n```"
+    answer = await _stored(client, broken, "code", cstack)
+    again, done = await _ask(client, "code-again", broken + "\n")
+    assert done["cached"] is True and again == answer
+    _, fixed = await _ask(client, "code-fixed", broken.replace("print(i", "print(i)"))
+    _, other_op = await _ask(client, "code-op", broken.replace("range(3)", "range(3) * 2"))
+    assert fixed["cached"] is False and other_op["cached"] is False
+    await client.ws.close()
+
+
 async def test_a_blank_question_is_answered_and_the_connection_goes_on(cstack: Stack) -> None:
     """Whitespace alone is a question the engine answers; nothing breaks, before or after it
     is cached, and the next chat on the connection is served as usual."""

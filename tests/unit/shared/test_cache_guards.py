@@ -408,3 +408,48 @@ def test_behind_a_shared_frame_the_user_as_object_is_another_question(a: str, b:
 
 def test_the_user_named_in_other_words_behind_a_frame_is_no_swap() -> None:
     assert _differ("How do I cancel my order?", "How do I cancel the order I placed?") is None
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("Why does this fail?\n```\nfor i in range(3): print(i\n```", "Why does this fail?\n```\nfor i in range(3): print(i)\n```"),
+        ("What does `String.valueOf(x)` return?", "What does `string.valueOf(x)` return?"),
+        ("Why does this fail?\nif x:\n    a()\nb()", "Why does this fail?\nif x:\n    a()\n    b()"),
+    ],
+)  # fmt: skip
+def test_code_is_kept_as_written_by_the_exact_tier(a: str, b: str) -> None:
+    """A broken snippet and the fixed one, Java's String and string, an indented line and a
+    dedented one: never one exact key."""
+    assert normalize(a) != normalize(b)
+
+
+def test_prose_around_code_is_still_folded() -> None:
+    assert normalize("  What does `len(x)` RETURN?? ") == normalize("what does `len(x)` return")
+    assert normalize("```\nprint(1)   \r\n```") == "```\nprint(1)\n```"
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "reason"),
+    [
+        ("What does x = a / b do in Python?", "What does x = a // b do in Python?", "operators"),
+        ("What is the difference between == and === in JavaScript?", "What is the difference between = and == in JavaScript?", "operators"),
+        ("Is 5 > 3 in Python?", "Is 5 < 3 in Python?", "operators"),
+        ("Is C++ faster than C#?", "Is C faster than C#?", "operators"),
+        ("Why does `print(i` fail?", "Why does `print(i)` fail?", "code"),
+    ],
+)  # fmt: skip
+def test_code_and_operators_must_agree(a: str, b: str, reason: str) -> None:
+    assert _differ(a, b) == reason
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("What is 15% of 80?", "what is 15 percent of 80"),
+        ("How do I set up two-factor e-mail and/or SMS login?", "How do I set up two-factor e-mail and/or SMS login"),
+        ("Help! My Wi-Fi is down.", "My Wi-Fi is down."),
+    ],
+)  # fmt: skip
+def test_prose_punctuation_is_no_operator(a: str, b: str) -> None:
+    assert features(a).operators == features(b).operators == ()
