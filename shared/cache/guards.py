@@ -10,6 +10,7 @@ content characters) and a hit needs every one of them to agree. All pure, Englis
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 
 from shared.cache.normalize import CODE_SPAN, canonical, has_cjk
@@ -226,6 +227,7 @@ class Features:
     units: tuple[str, ...]
     code: tuple[str, ...]  # code blocks and inline code, whitespace folded
     operators: tuple[str, ...]  # "==", "<", "//", "++" ... outside code, in order
+    symbols: tuple[str, ...]  # emoji and other symbol characters, sorted
     actor: str  # "self" when the first first-person word is a subject, "other", or ""
     tokens: tuple[str, ...]  # words and CJK characters in order, for the order guard
     words: frozenset[str]
@@ -282,6 +284,13 @@ def _operators(text: str) -> tuple[str, ...]:
             continue  # "15%" is "15 percent", the units' business
         found.append(op)
     return tuple(found)
+
+
+def _symbols(text: str) -> tuple[str, ...]:
+    """Emoji and other symbol characters (Unicode "So"): the model reads 🙂 and 🙁 alike."""
+    if text.isascii():
+        return ()
+    return tuple(sorted({ch for ch in text if unicodedata.category(ch) == "So"}))
 
 
 def _units(text: str) -> tuple[str, ...]:
@@ -483,6 +492,7 @@ def features(text: str) -> Features:
         units=_units(canon),
         code=_code(text),
         operators=_operators(text),
+        symbols=_symbols(text),
         actor=_actor(text, words),
         # "the landlord's permission" / "the tenant's permission": an article or a possessive
         # does not change who is named where.
@@ -554,6 +564,9 @@ def disagreement(a: Features, b: Features, *, reworded: bool = False) -> str | N
         return "code"
     if _differ(a.operators, b.operators, reworded):
         return "operators"
+    # An emoji added for tone ("thanks 🙏") changes nothing; one emoji for another does.
+    if a.symbols and b.symbols and a.symbols != b.symbols:
+        return "symbols"
     if (a.actor and b.actor and a.actor != b.actor) or _object_moved(a.tokens, b.tokens):
         return "actor"
     if _polarity_conflict(a.roles, b.roles):

@@ -26,6 +26,8 @@ model: tens of microseconds a candidate.
 from __future__ import annotations
 
 import difflib
+import functools
+import json
 from dataclasses import dataclass
 
 from shared.cache.guards import _TOKEN, _ZH_FUNCTION
@@ -107,6 +109,38 @@ def _other_ending(x: str, y: str) -> bool:
     return len(x) == len(y) and x[:-2] == y[:-2]
 
 
+@functools.cache
+def _dictionary() -> frozenset[str]:
+    """English words MiniLM's tokenizer knows whole (about 21,700): two of them are two words,
+    however alike ("affect" / "effect"), never one mistyped. Empty without the tokenizer."""
+    from shared.embeddings.onnx_minilm import default_tokenizer_path
+
+    path = default_tokenizer_path()
+    if path is None:
+        return frozenset()
+    vocab = json.loads(path.read_text(encoding="utf-8"))["model"]["vocab"]
+    return frozenset(w for w in vocab if w.isascii() and w.isalpha())
+
+
+def _typo_of(word: str, known: str) -> bool:
+    """Whether ``word`` is ``known`` mistyped, or another form of it ("internationally").
+    Names with digits or punctuation (a path, a version: "etc/hosts" / "etc/hostname") are
+    compared as written; two dictionary words neither of which begins the other are two
+    words ("affect" / "effect")."""
+    if not _wordlike(word) or not _wordlike(known) or _other_ending(known, word):
+        return False
+    if difflib.SequenceMatcher(a=known, b=word).ratio() < _TYPO_RATIO:
+        return False
+    words = _dictionary()
+    if word in words and known in words:
+        return word.startswith(known) or known.startswith(word)
+    return True
+
+
+def _wordlike(token: str) -> bool:
+    return token.replace("'", "").isalpha()
+
+
 def _fold_typos(a: list[str], b: list[str]) -> list[str]:
     """``b`` with each word that misspells a word of ``a`` replaced by that word."""
     out = []
@@ -115,12 +149,7 @@ def _fold_typos(a: list[str], b: list[str]) -> list[str]:
             out.append(word)
             continue
         best = max(a, key=lambda w: difflib.SequenceMatcher(a=w, b=word).ratio(), default="")
-        close = (
-            best
-            and difflib.SequenceMatcher(a=best, b=word).ratio() >= _TYPO_RATIO
-            and not _other_ending(best, word)
-        )
-        out.append(best if close else word)
+        out.append(best if best and _typo_of(word, best) else word)
     return out
 
 

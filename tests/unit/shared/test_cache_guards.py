@@ -453,3 +453,13 @@ def test_code_and_operators_must_agree(a: str, b: str, reason: str) -> None:
 )  # fmt: skip
 def test_prose_punctuation_is_no_operator(a: str, b: str) -> None:
     assert features(a).operators == features(b).operators == ()
+
+
+def test_one_emoji_for_another_is_another_question() -> None:
+    """The model reads emoji as unknown tokens: 🙂 and 🙁 embed alike."""
+    assert _differ("\U0001f642", "\U0001f641") == "symbols"
+    assert (
+        _differ("What does \U0001f525 mean in a text?", "What does \U0001f480 mean in a text?")
+        == "symbols"
+    )
+    assert _differ("How do I reset my password? \U0001f64f", "How do I reset my password?") is None

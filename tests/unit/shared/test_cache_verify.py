@@ -163,3 +163,20 @@ def test_a_long_text_read_only_by_its_head_is_no_repeat() -> None:
     """Two long texts alike for their first words may ask different things at the end."""
     text = "Here is my email draft: " + "we met last week and agreed on the plan. " * 20
     assert not shape(text + "Summarize it.", text + "Translate it into French.").repeat
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("Define 'affect'", "Define 'effect'"),  # two words of the dictionary
+        ("What does the file /etc/hosts do?", "What does the file /etc/hostname do?"),  # a path
+        ("What's new in Python 3.11?", "What's new in Python 3.12?"),
+    ],
+)
+def test_two_words_alike_are_not_one_mistyped(a: str, b: str) -> None:
+    assert not shape(a, b).repeat
+
+
+def test_a_mistyped_word_or_another_form_of_it_is_folded() -> None:
+    assert shape("What is the baggage allowance?", "What is the baggage alowance?").repeat
+    assert shape("Do you ship internationally?", "Do you ship international?").repeat
