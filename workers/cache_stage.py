@@ -22,7 +22,8 @@ from shared.cache.calibration import choose, threshold_for
 from shared.cache.index import Vector
 from shared.cache.policy import Policy, Query, judge, servable, storable
 from shared.cache.store import CacheStore, NewEntry, StoredAnswer
-from shared.cache.verify import table_key
+from shared.cache.verify import NAME as VERIFIER
+from shared.cache.verify import dictionary, table_key
 from shared.embeddings.base import Embedder
 from shared.embeddings.factory import make_embedder
 from shared.metrics import recorder
@@ -78,6 +79,8 @@ class CacheStage:
         self.embedder = embedder
         self.embedder_name = embedder.name if embedder else "none"
         self.policy = policy_from(settings, self.embedder_name)
+        if self.policy.verifier == VERIFIER:
+            dictionary()  # read once now (about 0.2 s), not on the first chat's lookup
         self.store = CacheStore(
             ctx.redis,
             ctx.keys,

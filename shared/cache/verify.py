@@ -110,7 +110,7 @@ def _other_ending(x: str, y: str) -> bool:
 
 
 @functools.cache
-def _dictionary() -> frozenset[str]:
+def dictionary() -> frozenset[str]:
     """English words MiniLM's tokenizer knows whole (about 21,700): two of them are two words,
     however alike ("affect" / "effect"), never one mistyped. Empty without the tokenizer."""
     from shared.embeddings.onnx_minilm import default_tokenizer_path
@@ -131,7 +131,7 @@ def _typo_of(word: str, known: str) -> bool:
         return False
     if difflib.SequenceMatcher(a=known, b=word).ratio() < _TYPO_RATIO:
         return False
-    words = _dictionary()
+    words = dictionary()
     if word in words and known in words:
         return word.startswith(known) or known.startswith(word)
     return True
