@@ -87,6 +87,11 @@ _EN_ANTONYMS = (
     ("send", "receive"), ("push", "pull"), ("upgrade", "downgrade"), ("join", "leave"),
     ("hire", "fire"), ("light", "dark"), ("include", "exclude"), ("show", "hide"),
     ("withdraw", "deposit"), ("income", "expense"), ("profit", "loss"), ("top", "bottom"),
+    ("cheaper", "more expensive", "pricier"), ("better", "worse"), ("faster", "slower"),
+    ("bigger", "smaller"), ("larger", "smaller"), ("longer", "shorter"), ("older", "younger"),
+    ("easier", "harder"), ("easy", "hard", "difficult"), ("soft", "hard"), ("wet", "dry"),
+    ("strong", "weak"), ("full", "empty"), ("positive", "negative"), ("above", "below"),
+    ("rich", "poor"), ("heavy", "light"), ("thick", "thin"), ("loud", "quiet"),
 )  # fmt: skip
 _ZH_ANTONYMS = (
     ("安全", "危险"), ("增加", "减少", "降低"), ("提高", "降低"), ("买", "卖"), ("之前", "之后"),

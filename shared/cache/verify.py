@@ -63,6 +63,8 @@ _SMALL_SPAN_CJK = 4
 # A broad rewording: not a small edit, and at most this share of content words in common.
 # The guards then compare only what both questions name (shared/cache/guards.py).
 REWORDED_JACCARD = 0.5
+# Content words that must agree around a single differing span for it to be an edit.
+_ONE_SPAN_AGREEING = 2
 # What a near repeat (Shape.repeat) scores at least: the same text, so the guards decide.
 REPEAT_SCORE = 1.0
 # Content words compared per question: the alignment is quadratic, and a 100k-character
@@ -161,11 +163,15 @@ class Shape:
     # alowance?" / "What is the baggage allowance?". The embedding scores a typo far lower
     # than the question's meaning warrants.
     repeat: bool = False
+    # One span differs, however long, and at least two content words agree around it: "explain
+    # X to a five year old" / "explain X to a physicist". An edit of the question, not the
+    # question in other words.
+    one_span: bool = False
 
     @property
     def reworded(self) -> bool:
         """The one question put in other words, not one detail of it changed."""
-        return not self.small_edit and self.jaccard <= REWORDED_JACCARD
+        return not self.small_edit and not self.one_span and self.jaccard <= REWORDED_JACCARD
 
 
 def shape(a: str, b: str) -> Shape:
@@ -179,18 +185,19 @@ def shape(a: str, b: str) -> Shape:
         for op in difflib.SequenceMatcher(a=ta, b=tb, autojunk=False).get_opcodes()
         if op[0] != "equal"
     ]
-    small = False
+    small = one_span = False
     if len(spans) == 1:
         _, i1, i2, j1, j2 = spans[0]
         cjk = any(has_cjk(t) for t in ta[i1:i2] + tb[j1:j2])
         small = max(i2 - i1, j2 - j1) <= (_SMALL_SPAN_CJK if cjk else _SMALL_SPAN)
+        one_span = len(ta) - (i2 - i1) >= _ONE_SPAN_AGREEING
     repeat = False
     if not spans and max(len(a), len(b)) <= _HEAD_CHARS:
         # The content agrees; so must every other word ("how" / "why", "can" / "should"), all
         # of them: a long text compared by its head is no repeat.
         wa, wb = _tokens(ca, _FILLERS, frozenset()), _tokens(cb, _FILLERS, frozenset())
         repeat = max(len(wa), len(wb)) < MAX_TOKENS and _fold_typos(wa, wb) == wa
-    return Shape(jaccard, small, repeat)
+    return Shape(jaccard, small, repeat, one_span)
 
 
 def verified_score(score: float, s: Shape) -> float:

@@ -463,3 +463,14 @@ def test_one_emoji_for_another_is_another_question() -> None:
         == "symbols"
     )
     assert _differ("How do I reset my password? \U0001f64f", "How do I reset my password?") is None
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("Which is cheaper, a Kindle or an iPad?", "Which is more expensive, a Kindle or an iPad?"),
+        ("How long should I boil an egg for a soft yolk?", "How long should I boil an egg for a hard yolk?"),
+    ],
+)  # fmt: skip
+def test_comparatives_and_more_opposites(a: str, b: str) -> None:
+    assert _differ(a, b) == "antonym"

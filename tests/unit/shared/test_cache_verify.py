@@ -180,3 +180,15 @@ def test_two_words_alike_are_not_one_mistyped(a: str, b: str) -> None:
 def test_a_mistyped_word_or_another_form_of_it_is_folded() -> None:
     assert shape("What is the baggage allowance?", "What is the baggage alowance?").repeat
     assert shape("Do you ship internationally?", "Do you ship international?").repeat
+
+
+def test_one_long_span_changed_around_agreeing_words_is_an_edit_not_a_rewording() -> None:
+    """ "to a five year old" / "to a physicist" changes who the answer is for: the guards
+    compare it as strictly as a small edit (here: a number named on one side)."""
+    edit = shape(
+        "Explain quantum computing to a five year old", "Explain quantum computing to a physicist"
+    )
+    assert edit.one_span and not edit.reworded
+    assert shape(
+        "What is inflation and why does it happen?", "Why do prices generally rise over time?"
+    ).reworded
