@@ -3,8 +3,9 @@
 
 Embedding similarity cannot see the difference between "safe" and "unsafe", 48213 and 48231,
 Beijing and Shanghai: they score 0.95-0.99 with MiniLM. Each guard extracts the facts that decide
-the answer (numbers, dates, named entities, negations and antonyms, scope words, and for Chinese the
-content characters) and a hit needs every one of them to agree. All pure, English and Chinese.
+the answer (numbers, dates, named entities, negations and antonyms, scope words, who acts, code
+and operators, emoji, and for Chinese the content characters) and a hit needs every one of them
+to agree. All pure, English and Chinese.
 """
 
 from __future__ import annotations
@@ -540,11 +541,11 @@ def disagreement(a: Features, b: Features, *, reworded: bool = False) -> str | N
     """The first guard that differs between two questions, or None when all agree.
 
     ``reworded``: the two questions are a broad rewording of each other, not an edit of one
-    span (shared/cache/verify.py decides). Numbers, dates, units and names then veto only when
-    both questions name some and they differ, and Chinese content characters are not compared
-    (a rewording replaces most of them); negation, antonyms, scope, who acts and exchanged
-    pieces veto as always (a role swap is often a rewording: "my landlord is suing me" / "I am
-    suing my tenant").
+    span (shared/cache/verify.py decides). Numbers, dates, units, names, code and operators
+    then veto only when both questions name some and they differ, and Chinese content
+    characters are not compared (a rewording replaces most of them); negation, antonyms, scope,
+    who acts and exchanged pieces veto as always (a role swap is often a rewording: "my
+    landlord is suing me" / "I am suing my tenant"). Emoji veto only when both sides have some.
     """
     if _differ(a.numbers, b.numbers, reworded):
         return "numbers"
@@ -565,7 +566,7 @@ def disagreement(a: Features, b: Features, *, reworded: bool = False) -> str | N
         return "zh_content"
     if _differ(a.units, b.units, reworded):
         return "units"
-    if a.code != b.code and not (reworded and not (a.code and b.code)):
+    if _differ(a.code, b.code, reworded):
         return "code"
     if _differ(a.operators, b.operators, reworded):
         return "operators"
