@@ -56,7 +56,9 @@ _ZH_DATES = ("今天", "明天", "昨天", "后天", "前天", "今晚", "明晚
 
 # Negation markers. English "no"/"not" and the prefixes un-/in-/dis- are handled separately.
 _EN_NEGATIONS = {"not", "no", "never", "without", "none", "nothing", "nobody", "neither", "nor",
-                 "cannot", "shouldn't", "don't", "doesn't", "isn't"}  # fmt: skip
+                 "cannot", "shouldn't", "don't", "doesn't", "isn't",
+                 # A verb that says "not": "what should I avoid before a run" / "... eat ...".
+                 "avoid", "prevent"}  # fmt: skip
 _ZH_NEGATIONS = ("不", "没", "无", "非", "未", "别", "勿", "否")
 # Chinese words that contain a negation character but do not negate the sentence.
 _ZH_NEG_IDIOMS = ("不过", "不同", "不少", "无论", "并非", "非常", "别人", "别的", "区别",
