@@ -95,6 +95,8 @@ _EN_ANTONYMS = (
     ("easier", "harder"), ("easy", "hard", "difficult"), ("soft", "hard"), ("wet", "dry"),
     ("strong", "weak"), ("full", "empty"), ("positive", "negative"), ("above", "below"),
     ("rich", "poor"), ("heavy", "light"), ("thick", "thin"), ("loud", "quiet"),
+    ("permanent", "temporary"), ("permanently", "temporarily"), ("rise", "set"),
+    ("sunrise", "sunset"), ("public", "private"),
 )  # fmt: skip
 _ZH_ANTONYMS = (
     ("安全", "危险"), ("增加", "减少", "降低"), ("提高", "降低"), ("买", "卖"), ("之前", "之后"),
