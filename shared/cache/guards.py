@@ -65,7 +65,8 @@ _ZH_NEG_IDIOMS = ("不过", "不同", "不少", "无论", "并非", "非常", "�
                   "差不多", "不断", "无线", "是否", "否则", "未来")  # fmt: skip
 _NEG_PREFIXES = ("un", "in", "im", "il", "ir", "dis", "non", "non-", "anti")
 
-# Antonym groups: two questions that use different members of a group ask opposite things.
+# Antonym groups: the first member is one side, the rest the other ("safe" / "dangerous",
+# "risky", "harmful"); two questions on different sides of a group ask opposite things.
 _EN_ANTONYMS = (
     ("safe", "dangerous", "risky", "harmful"), ("increase", "decrease", "reduce", "lower"),
     ("raise", "lower"), ("buy", "sell"), ("before", "after"), ("min", "max"),
@@ -107,7 +108,7 @@ _ZH_ANTONYMS = (
     ("允许", "禁止", "拒绝"), ("接受", "拒绝"), ("优点", "缺点"), ("好处", "坏处", "风险"),
     ("合法", "违法"), ("收入", "支出"), ("升级", "降级"), ("发送", "接收"), ("出发", "到达"),
     ("存款", "取款"), ("男性", "女性"), ("最快", "最慢"), ("最早", "最晚"),
-    ("冷冻", "冻结", "解冻"), ("绑定", "解绑"), ("充值", "提现"),
+    ("解冻", "冷冻", "冻结"), ("绑定", "解绑"), ("充值", "提现"),
 )  # fmt: skip
 # The two sides of a relation: a question asked by one side is another question when asked by
 # the other ("my employee quit without notice" / "I quit without telling my employer"). Each
@@ -230,7 +231,7 @@ class Features:
     dates: tuple[str, ...]
     entities: tuple[str, ...]
     negations: int
-    polarity: tuple[str, ...]  # antonym group members used, "group:member"
+    polarity: tuple[str, ...]  # sides of antonym groups used, "group:side"
     roles: tuple[str, ...]  # sides of a relation named, "relation:side"
     scope: tuple[str, ...]
     zh_content: tuple[str, ...]  # sorted content characters (Chinese only)
@@ -428,7 +429,9 @@ def _polarity(text: str, words: list[str], groups: tuple[tuple[str, ...], ...]) 
         for member in group:
             hit = member in text if has_cjk(member) else f" {member} " in padded
             if hit:
-                found.add(f"{gi}:{member}")
+                # The first member is one side, the rest the other: "dangerous" and "risky" say
+                # one thing, "safe" the opposite.
+                found.add(f"{gi}:{0 if member == group[0] else 1}")
     return tuple(sorted(found))
 
 

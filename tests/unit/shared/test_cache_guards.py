@@ -475,3 +475,17 @@ def test_one_emoji_for_another_is_another_question() -> None:
 )  # fmt: skip
 def test_comparatives_and_more_opposites(a: str, b: str) -> None:
     assert _differ(a, b) == "antonym"
+
+
+def test_words_on_one_side_of_an_antonym_group_agree() -> None:
+    """ "delete" and "remove" are both the opposite of "add": not opposites of each other."""
+    assert _differ("How do I delete my account?", "How do I remove my account?") is None
+    assert (
+        _differ(
+            "Is it dangerous to mix bleach and vinegar?", "Is it risky to mix bleach and vinegar?"
+        )
+        is None
+    )
+    assert _differ("How do I add a user?", "How do I remove a user?") == "antonym"
+    assert features("怎么冷冻牛肉？").polarity[-1] == features("怎么冻结牛肉？").polarity[-1]
+    assert _differ("怎么冷冻牛肉？", "怎么解冻牛肉？") == "antonym"
