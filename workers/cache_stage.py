@@ -35,6 +35,10 @@ from workers.publish import JobPublisher
 
 log = logging.getLogger(__name__)
 
+# Past this many characters a question's candidates are judged on the embedding thread (the
+# guards read the whole text: about 1 ms per 1,000 characters).
+JUDGE_OFF_LOOP_CHARS = 4096
+
 
 @dataclass
 class Lookup:
@@ -147,15 +151,31 @@ class CacheStage:
             k=self.settings.cache_candidates,
             min_score=self.policy.min_score,
         )
+        if not found:
+            return result
         # The query's count is asked once however many candidates there are (a long question
         # is tokenized for it).
         read_chars = functools.cache(self.embedder.read_chars)
-        for score, candidate, answer in found:
-            reason = judge(self.policy, query, candidate, score, result.context_vector, read_chars)
-            if reason is None:
-                result.hit, result.tier = answer, "semantic"
-                return result
-            result.reasons.append(reason)
+
+        def first_hit() -> StoredAnswer | None:
+            for score, candidate, answer in found:
+                reason = judge(
+                    self.policy, query, candidate, score, result.context_vector, read_chars
+                )
+                if reason is None:
+                    return answer
+                result.reasons.append(reason)
+            return None
+
+        if len(query.raw_question) > JUDGE_OFF_LOOP_CHARS:
+            # Reading a long question's guards takes tens of milliseconds: off the event loop,
+            # where the other chats' tokens are sent.
+            loop = asyncio.get_running_loop()
+            hit = await loop.run_in_executor(self._pool, first_hit)
+        else:
+            hit = first_hit()
+        if hit is not None:
+            result.hit, result.tier = hit, "semantic"
         return result
 
     def replay(

@@ -214,19 +214,25 @@ async def test_odd_questions_are_replayed_only_to_the_same_tenant_and_system_pro
     await theirs.ws.close()
 
 
-async def test_a_long_text_alike_in_what_the_model_reads_is_not_served(cstack: Stack) -> None:
+# 10 copies: past the 128th token, so the two ends are not read; 60: past JUDGE_OFF_LOOP_CHARS,
+# so the candidates are judged on the embedding thread.
+@pytest.mark.parametrize("copies", [10, 60])
+async def test_a_long_text_alike_in_what_the_model_reads_is_not_served(
+    cstack: Stack, copies: int
+) -> None:
     """MiniLM reads a question's first 128 tokens: two pasted reports alike up to there but
     naming another cause at their end embed as one. The one whose end differs goes to the
     engine; the same report with another word up front ("Summarize") is served."""
     client = await _client(cstack)
-    report = "Here is our incident report template, filled in. Read it and tell me the root cause. "
-    report *= 10  # past the 128th token: the two ends are not read
+    report = f"Here is incident report {copies}, filled in. Read it and tell me the root cause. "
+    report *= copies
     end = " In the end the cache layer timed out under load."
-    answer = await _stored(client, "Summarise this report: " + report + end, "longtail", cstack)
+    tag = f"longtail{copies}"
+    answer = await _stored(client, "Summarise this report: " + report + end, tag, cstack)
     other = "Summarise this report: " + report + " In the end a bad firewall rule dropped traffic."
-    _, done = await _ask(client, "longtail-other", other)
+    _, done = await _ask(client, f"{tag}-other", other)
     assert done["cached"] is False
-    again, done = await _ask(client, "longtail-z", "Summarize this report: " + report + end)
+    again, done = await _ask(client, f"{tag}-z", "Summarize this report: " + report + end)
     assert done["cached"] is True and again == answer
     await client.ws.close()
 
