@@ -97,7 +97,7 @@ _EN_ANTONYMS = (
     ("strong", "weak"), ("full", "empty"), ("positive", "negative"), ("above", "below"),
     ("rich", "poor"), ("heavy", "light"), ("thick", "thin"), ("loud", "quiet"),
     ("permanent", "temporary"), ("permanently", "temporarily"), ("rise", "set"),
-    ("sunrise", "sunset"), ("public", "private"),
+    ("sunrise", "sunset"), ("public", "private"), ("within", "after", "beyond"),
 )  # fmt: skip
 _ZH_ANTONYMS = (
     ("安全", "危险"), ("增加", "减少", "降低"), ("提高", "降低"), ("买", "卖"), ("之前", "之后"),

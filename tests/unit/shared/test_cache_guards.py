@@ -26,6 +26,7 @@ def _differ(a: str, b: str) -> str | None:
         ("How do I delete my files?", "How do I delete all files?", "scope"),
         ("Why does my phone charge?", "Why does my phone not charge?", "negation"),
         ("What foods should I eat before a run?", "What foods should I avoid before a run?", "negation"),
+        ("Can I get a refund within 14 days?", "Can I get a refund after 14 days?", "antonym"),
         ("阿司匹林和布洛芬一起吃安全吗？", "阿司匹林和布洛芬一起吃不安全吗？", "negation"),
         ("北京今天天气怎么样？", "上海今天天气怎么样？", "zh_content"),
         ("二十三路公交几点收车？", "三十二路公交几点收车？", "numbers"),
