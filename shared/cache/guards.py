@@ -200,6 +200,8 @@ _UNIT_TOKEN = re.compile(
 # but not their actor. The first first-person word says whether the user is the subject.
 _FIRST_PERSON_SUBJECT = {"i", "we", "i'm", "i've", "i'd", "i'll", "we're", "we've"}
 _FIRST_PERSON_OTHER = {"me", "my", "mine", "myself", "us", "our", "ours", "ourselves"}
+_FIRST_PERSON_OBJECT = frozenset({"me", "us", "myself", "ourselves"})
+_FIRST_PERSON = _FIRST_PERSON_SUBJECT | _FIRST_PERSON_OTHER
 # Chinese has one word for "I" and "me" (我); its place says which. Before 的 ("我的") or
 # after a verb or a preposition ("房东起诉我", "后车追尾了我", "给我") it is "my"/"me"; at the
 # start of a clause ("我要起诉租客", "如果我...") it is "I". Anywhere else it says nothing.
@@ -333,10 +335,6 @@ def _actor(text: str, words: list[str]) -> str:
     if not before or not has_cjk(before[-1]) or before.endswith(_ZH_CLAUSE_STARTS):
         return "self"
     return ""
-
-
-_FIRST_PERSON_OBJECT = frozenset({"me", "us", "myself", "ourselves"})
-_FIRST_PERSON = _FIRST_PERSON_SUBJECT | _FIRST_PERSON_OTHER
 
 
 def _object_moved(a: tuple[str, ...], b: tuple[str, ...]) -> bool:

@@ -125,13 +125,11 @@ def dictionary() -> frozenset[str]:
 
 
 def _typo_of(word: str, known: str) -> bool:
-    """Whether ``word`` is ``known`` mistyped, or another form of it ("internationally").
-    Names with digits or punctuation (a path, a version: "etc/hosts" / "etc/hostname") are
-    compared as written; two dictionary words neither of which begins the other are two
-    words ("affect" / "effect")."""
-    if not _wordlike(word) or not _wordlike(known) or _other_ending(known, word):
-        return False
-    if difflib.SequenceMatcher(a=known, b=word).ratio() < _TYPO_RATIO:
+    """Whether ``word``, spelled at least _TYPO_RATIO like ``known``, is ``known`` mistyped or
+    another form of it ("internationally"). Names with digits or punctuation (a path, a
+    version: "etc/hosts" / "etc/hostname") are compared as written; two dictionary words
+    neither of which begins the other are two words ("affect" / "effect")."""
+    if not _wordlike(known) or _other_ending(known, word):
         return False
     words = dictionary()
     if word in words and known in words:
@@ -147,11 +145,16 @@ def _fold_typos(a: list[str], b: list[str]) -> list[str]:
     """``b`` with each word that misspells a word of ``a`` replaced by that word."""
     out = []
     for word in b:
-        if has_cjk(word) or len(word) < _TYPO_MIN_LEN or word in a:
+        if has_cjk(word) or len(word) < _TYPO_MIN_LEN or word in a or not _wordlike(word):
             out.append(word)
             continue
-        best = max(a, key=lambda w: difflib.SequenceMatcher(a=w, b=word).ratio(), default="")
-        out.append(best if best and _typo_of(word, best) else word)
+        # The closest word of ``a`` (the first of equals), each ratio computed once.
+        best, closest = "", 0.0
+        for known in a:
+            ratio = difflib.SequenceMatcher(a=known, b=word).ratio()
+            if ratio > closest:
+                best, closest = known, ratio
+        out.append(best if closest >= _TYPO_RATIO and _typo_of(word, best) else word)
     return out
 
 
