@@ -68,7 +68,7 @@ async def _admin(sql: str) -> None:
 async def _query_times(dsn: str, by: str, repeat: int) -> list[float]:
     """The report's statement alone, as the command runs it, in this process (no start-up, no
     connection, no output)."""
-    from shared.db.usage_report import postgres_report
+    from firsttoken.usage.report import postgres_report
 
     conn = await asyncpg.connect(dsn, timeout=5)
     times = []

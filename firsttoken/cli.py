@@ -37,7 +37,7 @@ def worker_argv(
 ) -> list[str]:
     """`celery worker` arguments for a pool on `queues`.
 
-    A chat-only worker runs Celery's solo pool: kombu hands it no chats (workers/chatpool.py
+    A chat-only worker runs Celery's solo pool: kombu hands it no chats (workers/chat/pool.py
     reads the chat queue on the process loop), so a pool thread would only sit idle. Bulk and
     summarize tasks block on the database and need real threads; a worker for chat and other
     queues uses threads too. Worker heartbeats (what Flower counts a worker online by) are
@@ -123,7 +123,7 @@ def _lower_session_priority(nice: int) -> None:
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    from shared.db.migrate import upgrade
+    from firsttoken.migrate import upgrade
     from shared.settings import get_settings
 
     url = get_settings().database_url

@@ -33,10 +33,10 @@ async def _tenant_id(session: Any, tenant: str) -> str:
 async def add_files(settings: Settings, tenant: str, paths: list[Path]) -> list[Any]:
     """Ingest ``paths`` for ``tenant``, all or nothing; returns one `Added` per file."""
     from shared.db.session import make_engine, make_sessionmaker
-    from shared.embeddings.factory import make_embedder
-    from shared.kb.chunking import chunk_text
-    from shared.kb.files import read_file
-    from shared.kb.store import add_document
+    from workers.embeddings.factory import make_embedder
+    from workers.kb.chunking import chunk_text
+    from workers.kb.files import read_file
+    from workers.kb.store import add_document
 
     files = [read_file(p) for p in paths]  # every check before any write
     size = settings.kb_chunk_chars
@@ -64,7 +64,7 @@ async def add_files(settings: Settings, tenant: str, paths: list[Path]) -> list[
 
 async def list_docs(settings: Settings, tenant: str) -> list[Any]:
     from shared.db.session import make_engine, make_sessionmaker
-    from shared.kb.store import list_documents
+    from workers.kb.store import list_documents
 
     engine = make_engine(settings.database_url)
     try:
@@ -76,7 +76,7 @@ async def list_docs(settings: Settings, tenant: str) -> list[Any]:
 
 async def remove_docs(settings: Settings, tenant: str, ids: list[str]) -> int:
     from shared.db.session import make_engine, make_sessionmaker
-    from shared.kb.store import remove_documents
+    from workers.kb.store import remove_documents
 
     engine = make_engine(settings.database_url)
     try:
@@ -91,8 +91,8 @@ async def reembed(settings: Settings, tenant: str) -> tuple[int, str]:
     model (after a change of FIRSTTOKEN_EMBED_LOCAL_MODEL or an upgrade), in one transaction;
     returns (chunks re-embedded, the model's name)."""
     from shared.db.session import make_engine, make_sessionmaker
-    from shared.embeddings.factory import make_embedder
-    from shared.kb.store import replace_embeddings, stale_chunks
+    from workers.embeddings.factory import make_embedder
+    from workers.kb.store import replace_embeddings, stale_chunks
 
     embedder = make_embedder(settings)
     engine = make_engine(settings.database_url)

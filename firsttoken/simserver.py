@@ -43,8 +43,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shared import tracing
-from shared.engines.base import Delta, EngineRequest
-from shared.engines.sim import SimEngine, SimOptions
+from workers.engines.base import Delta, EngineRequest
+from workers.engines.sim import SimEngine, SimOptions
 from shared.errors import ConfigError
 from shared.heap import freeze_startup_objects
 from shared.protocol import Message

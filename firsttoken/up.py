@@ -102,7 +102,7 @@ def run_up(port: int | None = None, host: str | None = None) -> int:
         fresh_dir(METRICS_DIR)
         env[f"{ENV_PREFIX}METRICS_DIR"] = str(METRICS_DIR.resolve())
 
-    from shared.db.migrate import upgrade
+    from firsttoken.migrate import upgrade
 
     upgrade(settings.database_url)
     key = asyncio.run(_ensure_dev_key(settings.database_url, settings.dev_api_key))

@@ -1,5 +1,5 @@
 """`firsttoken usage`: requests, errors, tokens, cost, cache hit rates and latency percentiles
-per tenant, key, model, day or end user, from ``usage_events`` (shared/db/usage_report.py),
+per tenant, key, model, day or end user, from ``usage_events`` (firsttoken/usage/report.py),
 as a table, CSV or JSON; ``--plot FILE`` also draws TTFT percentiles and the cache hit rate
 per day (matplotlib, the ``bench`` extra, imported only then).
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from shared.db.usage_groups import GROUP_BY, GroupBy, UsageGroup
+from firsttoken.usage.groups import GROUP_BY, GroupBy, UsageGroup
 from shared.env import ENV_PREFIX
 
 # The database clients are imported inside the command: `firsttoken --help` should not pay for
@@ -238,7 +238,7 @@ async def _fetch_postgres(
 ) -> tuple[list[UsageGroup], list[UsageGroup] | None]:
     import asyncpg
 
-    from shared.db.usage_report import postgres_report
+    from firsttoken.usage.report import postgres_report
 
     conn = await asyncpg.connect(dsn, timeout=PG_CONNECT_TIMEOUT_S)
     try:
@@ -253,7 +253,7 @@ async def _fetch_engine(
     database_url: str, by: GroupBy, since: datetime | None, until: datetime | None, with_days: bool
 ) -> tuple[list[UsageGroup], list[UsageGroup] | None]:
     from shared.db.session import make_engine
-    from shared.db.usage_report import usage_report
+    from firsttoken.usage.report import usage_report
 
     engine = make_engine(database_url)
     try:

@@ -1,6 +1,6 @@
 """`firsttoken workers [--json]`: every worker process by queue, as its heartbeats report it.
 
-Each worker's heartbeat writes a status record (shared/workerstatus.py; workers/context.py):
+Each worker's heartbeat writes a status record (workers/workerstatus.py; workers/resources.py):
 host, pid, queues, in-flight, capacity, chats done, engine errors. This command reads them
 all in two round trips (the index, then every record) and prints them; nothing here writes.
 A worker whose last beat is older than `worker_lost_s` (the age at which a chat worker's
@@ -22,7 +22,7 @@ from typing import Any
 
 from shared.keys import QUEUES, Keys
 from shared.settings import Settings, get_settings
-from shared.workerstatus import WorkerStatus, decode_status
+from workers.workerstatus import WorkerStatus, decode_status
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """Whether the gateway may start a chat: every rule that needs no I/O. Pure: values in, an
 :class:`Admitted` decision or a :class:`~shared.errors.FirstTokenError` out.
 
-The session (gateway/session.py) keeps the I/O: whether a chat worker is alive, the admission
+The session (gateway/wsdoor.py) keeps the I/O: whether a chat worker is alive, the admission
 script that checks and charges the rate limits and enqueues the job in one round trip.
 """
 
@@ -11,9 +11,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.limits import check_message_chars
+from gateway.safety import check_message_chars
 from shared.errors import InvalidRequest, Overloaded
-from shared.limits import Limits, estimate_prompt_tokens, reservation, tokens_over_limit
+from gateway.rates import Limits, estimate_prompt_tokens, reservation, tokens_over_limit
 from shared.modeltable import ModelTable
 from shared.protocol import AUTO_MODEL, NEW_CONVERSATION, ChatFrame
 
@@ -73,7 +73,7 @@ def admit_chat(
     if frame.messages[-1].role != "user":
         raise InvalidRequest("the last message must have role 'user'")
     # Unknown models are refused here, before anything is enqueued (the error lists the known
-    # ones); "auto" is routed by the worker once the prompt is built (shared/routing.py).
+    # ones); "auto" is routed by the worker once the prompt is built (workers/routing.py).
     if frame.model != AUTO_MODEL:
         models.get(frame.model)
     # A conversation id is checked by the worker (exists, same tenant): its retrieval stage

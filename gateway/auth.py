@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from shared.db.apikeys import hash_key, lookup_key
 from shared.errors import Overloaded, Unauthorized
 from shared.keys import Keys
-from shared.limits import Limits, resolve_limits
+from gateway.rates import Limits, resolve_limits
 from shared.redis.client import UNREACHABLE
 
 log = logging.getLogger(__name__)

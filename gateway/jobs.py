@@ -1,5 +1,5 @@
 """The path of one chat through the gateway, shared by every door (the websocket's
-gateway/session.py and the OpenAI HTTP door's gateway/openai.py): admission, the workers-alive
+gateway/wsdoor.py and the OpenAI HTTP door's gateway/openai.py): admission, the workers-alive
 check, subscribe before enqueue, the limiter's admit+enqueue script, the relay state and its
 repair, settlement, cancellation and the watchdog's deadlines.
 
@@ -41,7 +41,7 @@ from shared.errors import (
 )
 from shared.failover import TAKEOVER_GRACE_S, owner_verdict
 from shared.keys import CHAT_QUEUE, CHAT_TASK, Keys
-from shared.limits import charged_without_usage
+from gateway.rates import charged_without_usage
 from shared.metrics.recorder import Recorder
 from shared.modeltable import ModelTable
 from shared.protocol import ChatFrame, dumps

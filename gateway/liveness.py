@@ -3,7 +3,7 @@
 Every ``gateway_heartbeat_s`` the process sets its score in `Keys.gateways` to Redis's own
 clock (workers compare against the same clock: no skew between machines), on its Redis pipe.
 A chat worker cancels a running chat when none of the gateways in its followers set has beaten
-lately (workers/orphans.py). A gateway that stops cleanly leaves the set; its chats were
+lately (workers/chat/orphans.py). A gateway that stops cleanly leaves the set; its chats were
 given up (and cancelled) by its sockets' ends already.
 """
 

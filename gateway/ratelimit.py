@@ -10,7 +10,7 @@ with one write and no pooled connection per chat. The pipe sends a call again af
 connection, so each script may run twice: admission is idempotent per job (an admitted job's
 owner record is its receipt) and settlement sets an absolute amount.
 
-The arithmetic is the reference model in ``shared/limits.py``; this module only moves it into
+The arithmetic is the reference model in ``gateway/rates.py``; this module only moves it into
 Redis. A stream slot is a lease (``stream_lease_s``) that the gateway renews while the stream
 runs, so a gateway that crashes leaks its slots only until their leases run out.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 from shared.errors import Overloaded, RateLimited, Unauthorized
 from shared.keys import Keys
-from shared.limits import WINDOW_MS, Limits
+from gateway.rates import WINDOW_MS, Limits
 from shared.redis.client import REDIS_RETRY_AFTER_MS
 from shared.redis.pipe import RedisPipe
 

@@ -1,1 +1,1 @@
-"""Alembic migrations: the only way the schema changes. Run with ``python -m shared.db.migrate``."""
+"""Alembic migrations: the only way the schema changes. Run with ``python -m firsttoken.migrate``."""

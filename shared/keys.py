@@ -17,7 +17,7 @@ PERSIST_USAGE_BATCH_TASK = "firsttoken.persist_usage_batch"
 PERSIST_MESSAGES_TASK = "firsttoken.persist_messages"
 SUMMARIZE_TASK = "firsttoken.summarize"
 # A draft's prefill (issue 34): on the chat queue's lowest-priority list, read by the chat pool
-# only when no chat waits (workers/prefill.py).
+# only when no chat waits (workers/chat/prefill.py).
 PREFILL_TASK = "firsttoken.prefill"
 # kombu's Redis transport keeps a queue's priority p > 0 messages in QUEUE + this + p, and reads
 # them after those of every higher priority (kombu.transport.redis Channel.sep, PRIORITY_STEPS).
@@ -78,7 +78,7 @@ class Keys:
     def worker_jobs(self, worker: str) -> str:
         """Hash: job id -> the ChatJob payload, for every chat a chat worker runs now: its
         owner lease (the worker's heartbeat in `worker_heartbeats` is the lease's renewal),
-        from which another worker takes the chat over when the owner dies (workers/failover.py)."""
+        from which another worker takes the chat over when the owner dies (workers/chat/failover.py)."""
         return f"{self.prefix}:jobs:{worker}"
 
     def job_taken(self, job_id: str) -> str:
@@ -101,7 +101,7 @@ class Keys:
         return f"{self.prefix}:workers:{queue}"
 
     def worker_status(self, worker: str) -> str:
-        """String (JSON, shared/workerstatus.py): a worker process's host, pid, queues and load
+        """String (JSON, workers/workerstatus.py): a worker process's host, pid, queues and load
         as of its last heartbeat, written by that beat; expires `worker_status_ttl_s` after it,
         so a dead worker shows as stale in `firsttoken workers` for a while, then goes."""
         return f"{self.prefix}:worker:{worker}"
@@ -116,7 +116,7 @@ class Keys:
     @property
     def gateways(self) -> str:
         """Sorted set: gateway process name -> last heartbeat (Redis time, ms); a chat worker
-        aborts the chats no live gateway follows (workers/orphans.py)."""
+        aborts the chats no live gateway follows (workers/chat/orphans.py)."""
         return f"{self.prefix}:gateways"
 
     # --- the usage outbox: rows not yet written (shared/usage_outbox.py) ------------------

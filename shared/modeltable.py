@@ -1,7 +1,7 @@
 """The model table: which models a deployment serves, on which engine, and who stands in.
 
 A chat frame's ``model`` names one entry; its ``fallbacks`` are tried in order when the model
-gives no first token in time (see ``workers/generate.py``). The table comes from
+gives no first token in time (see ``workers/chat/generate.py``). The table comes from
 ``FIRSTTOKEN_MODELS`` (a JSON list) or ``FIRSTTOKEN_MODELS_FILE`` (a JSON file of the same
 shape); with neither, it is one model built from the ``FIRSTTOKEN_ENGINE*`` settings, so a
 deployment that predates the table keeps working unchanged. Example::

@@ -100,7 +100,7 @@ class ChatFrame(_Frame):
     tracestate: Tracestate | None = None
 
 
-# `model: "auto"` routes the chat to the small or the large model (shared/routing.py).
+# `model: "auto"` routes the chat to the small or the large model (workers/routing.py).
 AUTO_MODEL = "auto"
 NEW_CONVERSATION = "new"
 

@@ -370,7 +370,7 @@ class Settings(BaseSettings):
         description="The risk of the semantic tier: the most traps (similar questions with "
         "another answer) it may serve, as a share. The similarity threshold is the lowest whose "
         "measured wrong-serve rate, as a 95% upper bound, is within it "
-        "(shared/cache/calibrated.py; docs/benchmarks.md gives the trade-off).",
+        "(workers/cache/calibrated.py; docs/benchmarks.md gives the trade-off).",
     )
     cache_threshold: float | None = Field(
         None,
@@ -384,7 +384,7 @@ class Settings(BaseSettings):
         description="How a cached question's similarity is judged: overlap (the cosine "
         "lowered for a one-span edit such as another product or a dropped condition, raised "
         "for the same words with a typo or a filler, and the guards compared by what a broad "
-        "rewording names on both sides; shared/cache/verify.py) or none (the cosine alone). "
+        "rewording names on both sides; workers/cache/verify.py) or none (the cosine alone). "
         "Each has its own calibration for cache_max_error_rate.",
     )
     cache_context_threshold: float | None = Field(
@@ -553,7 +553,7 @@ class Settings(BaseSettings):
     route_reasoning_cues: str | None = Field(
         None,
         description='model "auto": comma-separated cues that send a question to the large '
-        "model (default: shared/routing.py's English and Chinese list).",
+        "model (default: workers/routing.py's English and Chinese list).",
     )
 
     # --- traces (issue 32; docs/operations.md "Traces") ---

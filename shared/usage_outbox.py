@@ -6,7 +6,7 @@ bulk task that carries it takes it out only after its transaction committed. Wha
 a row on the way (a chat worker killed before it queued the batch, kombu's Redis transport
 taking a message off the list before it records it as unacked, a Redis restart without
 persistence) leaves the row in the outbox past its due time, and a bulk worker's sweep queues
-it again (workers/usage_sweep.py). A row sent twice is written once: the write is idempotent
+it again (workers/bulk/sweep.py). A row sent twice is written once: the write is idempotent
 on request_id.
 
 The scripts below are the outbox's only writers; they run on Redis so that each step is one

@@ -2,7 +2,7 @@
 
 Start a pool per queue, each a Celery worker: `celery -A workers.app worker -Q chat` (what
 `firsttoken worker --queues chat` runs; the chat queue is read on the process loop by
-workers/chatpool.py's bootstep, many chats per process), `-Q bulk` and `-Q summarize`.
+workers/chat/pool.py's bootstep, many chats per process), `-Q bulk` and `-Q summarize`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ settings = get_settings()
 # Warm shutdown: how long work already on the process loop gets to finish.
 SHUTDOWN_GRACE_S = 30.0
 keys = Keys(settings.redis_prefix)
-# Queues whose messages no kombu consumer reads: workers/chatpool.py reads them on the loop.
+# Queues whose messages no kombu consumer reads: workers/chat/pool.py reads them on the loop.
 READ_ON_THE_LOOP = frozenset({CHAT_QUEUE})
 
 
@@ -61,7 +61,7 @@ class TaskAMQP(AMQP):  # type: ignore[misc]  # celery ships no annotations
 app = Celery(
     "firsttoken",
     broker=celery_broker_url(settings.redis_url),
-    include=["workers.chat", "workers.persist", "workers.summarize"],
+    include=["workers.chat.run", "workers.bulk.persist", "workers.summarize"],
     amqp=TaskAMQP,
 )
 app.conf.update(
@@ -109,9 +109,9 @@ app.conf.update(
 )
 
 
-# The chat pool (workers/chatpool.py): included only in a worker that consumes the chat queue.
-app.steps["worker"].add("workers.chatpool:ChatPool")
-app.steps["consumer"].add("workers.chatpool:ChatTaskEvents")
+# The chat pool (workers/chat/pool.py): included only in a worker that consumes the chat queue.
+app.steps["worker"].add("workers.chat.pool:ChatPool")
+app.steps["consumer"].add("workers.chat.pool:ChatTaskEvents")
 
 
 # Celery connects signal handlers by weak reference: these must be module-level functions.
@@ -120,7 +120,7 @@ def _start_process(sender: Any = None, **_: Any) -> None:
     """Before any task or bootstep: the loop, Redis, the cancel listener (workers/lifecycle.py)."""
     from shared.logs import hold_content_loggers
     from workers.lifecycle import lifecycle
-    from workers.load import celery_pool_probe
+    from workers.chat.load import celery_pool_probe
 
     # Before the pool exists: it decides once, at its start, whether to log task bodies.
     hold_content_loggers()

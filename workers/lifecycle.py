@@ -3,7 +3,7 @@
 Start: the process loop (workers/runtime.py), the Redis pool and pipelined writer, the cancel
 listener, the heartbeat (a bulk or summarize worker at once), then, for a chat worker, its
 warm-up and the announcement (the heartbeat from then on). Stop: the reverse, after the chats
-still running had their grace period (workers/chatpool.py).
+still running had their grace period (workers/chat/pool.py).
 
 A chat worker heartbeats only once it has warmed up: a gateway counts it from then on, and
 `/readyz` and the admission check (no chat worker: `overloaded`) mean a worker that takes a
@@ -29,14 +29,14 @@ from shared.keys import CHAT_QUEUE, Keys
 from shared.redis.client import redis_client
 from shared.redis.pipe import RedisPipe
 from shared.settings import get_settings
-from workers.cache_stage import close_stage
-from workers.context import WorkerContext
-from workers.db import close_database
-from workers.failover import JobLeases
-from workers.load import Probe
-from workers.publish import SEND_LUA
+from workers.cache.stage import close_stage
+from workers.resources import WorkerContext
+from workers.bulk.db import close_database
+from workers.chat.failover import JobLeases
+from workers.chat.load import Probe
+from workers.chat.publish import SEND_LUA
 from workers.runtime import LoopRunner, runner
-from workers.usage import UsageBatcher
+from workers.chat.usage import UsageBatcher
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,8 @@ class WorkerLifecycle:
         self.queues: tuple[str, ...] = ()
         self._context: WorkerContext | None = None
         self._opening: asyncio.Lock | None = None
-        # A thread pool's load (workers/load.py), read by the heartbeat; a chat worker's comes
-        # from its chat pool instead (workers/chatpool.py).
+        # A thread pool's load (workers/chat/load.py), read by the heartbeat; a chat worker's comes
+        # from its chat pool instead (workers/chat/pool.py).
         self._probe: Probe | None = None
 
     @property

@@ -1,7 +1,7 @@
 """One long-lived asyncio loop per worker process, and the resources that live on it.
 
 A chat worker runs its chats on this loop directly: the chat queue's reader lives on it
-(workers/chatpool.py). Bulk and summarize tasks run on Celery's threads pool; each submits a
+(workers/chat/pool.py). Bulk and summarize tasks run on Celery's threads pool; each submits a
 coroutine to this loop and waits for it (`run_coroutine_threadsafe(...).result()`). So one
 process holds many concurrent generations and shares one Redis pool, one engine client and one
 DB pool. Never `asyncio.run()` per task: that would rebuild every pool per chat.

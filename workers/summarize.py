@@ -14,15 +14,15 @@ from typing import Any
 
 from sqlalchemy import or_, select, update
 
-from shared.conversation import StoredMessage, summary_prompt
+from workers.conversation import StoredMessage, summary_prompt
 from shared.db.models import Conversation, MessageRow
-from shared.engines.base import EngineRequest
+from workers.engines.base import EngineRequest
 from shared.keys import SUMMARIZE_TASK
 from shared.modeltable import ModelSpec, ModelTable
 from shared.settings import Settings
 from workers.app import app
-from workers.context import WorkerContext
-from workers.db import database
+from workers.resources import WorkerContext
+from workers.bulk.db import database
 from workers.lifecycle import lifecycle
 from workers.runtime import runner
 

@@ -1,5 +1,5 @@
 """The analysts' fields of a chat's usage row (issue 32): cost, end user, tags, conversation,
-cache tier and the engine's cached prompt tokens. `workers/record.py` adds them to the row."""
+cache tier and the engine's cached prompt tokens. `workers/chat/record.py` adds them to the row."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class Ending(Protocol):
-    """What this needs of how a chat ended (workers/record.py's Outcome; a protocol, so the
+    """What this needs of how a chat ended (workers/chat/record.py's Outcome; a protocol, so the
     two modules do not import each other)."""
 
     @property

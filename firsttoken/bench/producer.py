@@ -1,6 +1,6 @@
 """A stand-in for the chat workers that costs next to nothing per token: it takes chat jobs off
 the chat queue and publishes, for each, exactly the messages a chat worker publishes
-(workers/publish.py): a `started` chunk, token chunks with contiguous `seq` and a fixed text,
+(workers/chat/publish.py): a `started` chunk, token chunks with contiguous `seq` and a fixed text,
 then a `done` chunk with usage, each to the job's pub/sub channel and its replay stream. No
 engine, no Celery, no retrieval: what is left to measure is the gateway's relay.
 
@@ -8,7 +8,7 @@ engine, no Celery, no retrieval: what is left to measure is the gateway's relay.
 
 The answer has `max_tokens` tokens (the chat frame's), sent at `--token-rate` tokens/s per
 stream, `--tokens-per-frame` tokens per chunk (a fraction spreads them: 1.5 sends 1, 2, 1,
-2, ...). The relay bench (`firsttoken.bench.relay`) overrides both per load point through the
+2, ...). The relay bench (`firsttoken.bench.relaythroughput`) overrides both per load point through the
 hash at :func:`config_key`, read every 0.25 s.
 
 Cheap by construction: one scheduler per process sends every chunk that is due across all of
@@ -150,7 +150,7 @@ class ProducerJob:
         return f"T{seq}\n{self._tok_head}{seq}{self.frame_texts[seq]}".encode()
 
     def command(self, message: bytes) -> bytes:
-        """PUBLISH + XADD of one message, as workers/publish.py sends it."""
+        """PUBLISH + XADD of one message, as workers/chat/publish.py sends it."""
         body = bulks((message,))
         return self._pub + body + self._xadd + body
 
@@ -246,7 +246,7 @@ class Producer:
             await asyncio.sleep(0.25)
 
     async def _take_jobs(self) -> None:
-        from shared.limits import estimate_prompt_tokens
+        from gateway.rates import estimate_prompt_tokens
 
         queue = self.keys.queue_list(CHAT_QUEUE)
         ttl, maxlen = self.settings.replay_ttl_s, self.settings.replay_maxlen

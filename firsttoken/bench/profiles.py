@@ -16,7 +16,7 @@ class Profile:
     # High enough that the simulator never queues at the loads we drive: queueing inside the
     # engine would show up identically in every mode and hide the gateway's own cost.
     max_seqs: int = 4096
-    # > 0: tokens on a shared step clock, as a batched decoder emits them (shared/engines/sim.py).
+    # > 0: tokens on a shared step clock, as a batched decoder emits them (workers/engines/sim.py).
     step_ms: float = 0.0
 
     def sim_args(self) -> list[str]:

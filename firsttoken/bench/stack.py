@@ -174,7 +174,7 @@ def _pg_ok(url: str) -> bool:
 
 def _migrate_and_key(database_url: str) -> str:
     from shared.db.apikeys import provision_key
-    from shared.db.migrate import upgrade
+    from firsttoken.migrate import upgrade
 
     upgrade(database_url)
     return asyncio.run(provision_key(database_url, f"bench-{uuid.uuid4().hex[:6]}"))

@@ -2,7 +2,7 @@
 off (`FIRSTTOKEN_METRICS=off`, or a worker with no directory to write to).
 
 Who observes what, from measurements already taken (shared/metrics/values.py):
-- the worker, as a chat ends (workers/record.py, beside its usage row): queue wait, tokens,
+- the worker, as a chat ends (workers/chat/record.py, beside its usage row): queue wait, tokens,
   the ending's status, engine errors, time per output token;
 - the worker's cache stage, per lookup: its result;
 - the worker's chat pool: chats in flight and capacity;
@@ -74,7 +74,7 @@ class Recorder:
     def chat_ended(
         self, job: ChatJob, points: Mapping[str, float], outcome: Ending, now: float
     ) -> None:
-        """A worker ended a chat, however it ended (workers/record.py)."""
+        """A worker ended a chat, however it ended (workers/chat/record.py)."""
         series = self.series
         if series is not None:
             start = points.get("worker_start")
@@ -122,7 +122,7 @@ class Recorder:
                     self.series.ttft_of(model, cached)
 
     def cache_lookup(self, tier: str, refused: bool) -> None:
-        """One answer-cache lookup ended (workers/cache_stage.py)."""
+        """One answer-cache lookup ended (workers/cache/stage.py)."""
         if self.series is not None:
             result = cache_result(tier, refused)
             if result is not None:

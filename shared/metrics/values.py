@@ -9,7 +9,7 @@ from typing import Protocol
 
 
 class Ending(Protocol):
-    """What this needs of how a chat ended (workers/record.py's Outcome)."""
+    """What this needs of how a chat ended (workers/chat/record.py's Outcome)."""
 
     @property
     def model(self) -> str: ...
@@ -50,7 +50,7 @@ def engine_error_kind(status: str, code: str, points: Mapping[str, float]) -> st
 
 
 def cache_result(tier: str, refused: bool) -> str | None:
-    """The `result` label of one lookup (workers/cache_stage.py Lookup.tier): None when no
+    """The `result` label of one lookup (workers/cache/stage.py Lookup.tier): None when no
     lookup was made (`off`)."""
     if tier == "exact":
         return "exact_hit"

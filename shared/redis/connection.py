@@ -1,7 +1,7 @@
 """One asyncio connection to Redis that writes packed commands and parses replies with hiredis.
 
 It is what the pipelined writer (shared/redis/pipe.py), the chat queue's reads
-(workers/consumer.py) and the bench producer stand on: a write hands bytes to the transport
+(workers/chat/consumer.py) and the bench producer stand on: a write hands bytes to the transport
 without awaiting anything, and a reply is parsed straight off the stream by the connection's
 one hiredis reader. redis-py's own connection does the same work with its reply machinery on
 every call (and, on Python 3.11, a task per timed write), which the paths above cannot afford.

@@ -194,6 +194,6 @@ def server_span(client: TraceHeaders | None, name: str, **attributes: str | int)
 
 
 def source_span(name: str, status: str, ms: float, error: str | None, *, cached: bool) -> None:
-    """One retrieval source's span (shared/retrieval's SourceResult), ending now and as long
+    """One retrieval source's span (workers/retrieval's SourceResult), ending now and as long
     as the source took."""
     _impl.source_span(name, status, ms, error, cached)

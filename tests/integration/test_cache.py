@@ -92,7 +92,7 @@ async def test_repeat_is_replayed_from_cache_with_usage_and_timings(cstack: Stac
 
 async def test_an_exact_repeat_known_to_every_worker_is_served_whole(cstack: Stack) -> None:
     """Once every worker's index holds the exact request (synced within 1 s), a repeat takes
-    the path that answers before retrieval starts (workers/chat.py `_exact_known`): the same
+    the path that answers before retrieval starts (workers/chat/run.py `_exact_known`): the same
     answer, whole and in order, on whichever worker gets it, with no retrieval stage."""
     client = await _client(cstack)
     question = "How long does shipping to Canada take?"

@@ -1,4 +1,4 @@
-"""The chat pool is a Celery worker (workers/chatpool.py), on the machine's Redis, with a real
+"""The chat pool is a Celery worker (workers/chat/pool.py), on the machine's Redis, with a real
 worker process: Celery's control plane sees it (`inspect ping`, `active_queues` naming `chat`,
 `stats` with its slots), chats run through it, `control shutdown` lets a running chat finish
 before the process exits, and with task events on (`--events`) its chats reach an event

@@ -1,4 +1,4 @@
-"""The chat pool's queue consumer (workers/consumer.py) on the machine's Redis: it reads what
+"""The chat pool's queue consumer (workers/chat/consumer.py) on the machine's Redis: it reads what
 Celery's own producer writes, holds to its concurrency, loses nothing when it stops, and reports
 its tasks as Celery task events only while those are on."""
 
@@ -18,7 +18,7 @@ from shared.keys import Keys
 from shared.tasks import TaskCall, parse_task_message, task_message
 from tests.integration.conftest import Services
 from tests.support import free_port, throwaway_redis_server
-from workers.consumer import QueueConsumer, priority_lists
+from workers.chat.consumer import QueueConsumer, priority_lists
 
 Prefixed = tuple[aioredis.Redis, Keys, str]  # a client, this test's keys, the Redis URL
 
@@ -126,7 +126,7 @@ async def test_a_message_it_cannot_run_is_dropped_with_a_log_and_the_next_one_ru
     await r.lpush(queue, b"{broken")
     await r.lpush(queue, task_message("t.other", {}, queue="chat", task_id="other"))
     await r.lpush(queue, task_message("t.chat", {}, queue="chat", task_id="good"))
-    with caplog.at_level(logging.ERROR, logger="workers.consumer"):
+    with caplog.at_level(logging.ERROR, logger="workers.chat.consumer"):
         reader = await _start(consumer)
         try:
             assert await asyncio.wait_for(recorder.started.get(), 10) == "good"
@@ -220,7 +220,7 @@ async def test_what_the_brpop_took_is_kept_when_the_script_behind_it_fails(
     await r.lpush(lists[0], task_message("t.chat", {}, queue="chat", task_id="kept"))
     consumer = QueueConsumer(url, lists, {}, 8, poll_s=0.2, batch=4)
     try:
-        with caplog.at_level(logging.WARNING, logger="workers.consumer"):
+        with caplog.at_level(logging.WARNING, logger="workers.chat.consumer"):
             got = await consumer._pop(4)
         assert [parse_task_message(raw).task_id for raw in got] == ["kept"]
         assert any("WRONGTYPE" in rec.getMessage() for rec in caplog.records)
@@ -288,7 +288,7 @@ async def test_a_failing_task_frees_its_slot(prefixed: Prefixed) -> None:
 
 
 class Events:
-    """A TaskEvents recorder (workers/chatpool.py's TaskEventQueue sends them to Celery)."""
+    """A TaskEvents recorder (workers/chat/pool.py's TaskEventQueue sends them to Celery)."""
 
     def __init__(self, on: bool) -> None:
         self.on = on

@@ -15,7 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from shared.db.apikeys import create_tenant_and_key, hash_key, lookup_key, revoke_key
-from shared.db.migrate import upgrade, upgrade_engine
+from firsttoken.migrate import upgrade, upgrade_engine
 from shared.db.models import Base, Conversation, MessageRow, UsageEvent
 from shared.db.session import make_engine, make_sessionmaker, ping
 from shared.db.writes import from_unix, insert_messages, insert_usage
@@ -101,7 +101,7 @@ async def test_upgrade_engine_runs_inside_a_loop(engine: AsyncEngine) -> None:
         version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
     from alembic.script import ScriptDirectory
 
-    from shared.db.migrate import alembic_config
+    from firsttoken.migrate import alembic_config
 
     assert version == ScriptDirectory.from_config(alembic_config()).get_current_head()
 

@@ -1,4 +1,4 @@
-"""The claim of a dead chat worker's chats (workers/failover.py CLAIM_LUA) on real Redis: each
+"""The claim of a dead chat worker's chats (workers/chat/failover.py CLAIM_LUA) on real Redis: each
 chat goes to exactly one survivor, nothing is taken from a worker whose beat came back, and a
 worker left with no chat leaves the heartbeats."""
 
@@ -13,7 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from shared.keys import CHAT_QUEUE, Keys
-from workers.failover import CLAIM_LUA
+from workers.chat.failover import CLAIM_LUA
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The `openai` engine's HTTP/1.1 client (shared/engines/httpstream.py) against real sockets:
+"""The `openai` engine's HTTP/1.1 client (workers/engines/httpstream.py) against real sockets:
 keep-alive reuse, a pooled connection the server closed, back-pressure, malformed responses,
 error bodies, abandoning a response, TLS."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.engines.httpstream import HIGH_WATER, HTTPStreamPool, ProtocolError
+from workers.engines.httpstream import HIGH_WATER, HTTPStreamPool, ProtocolError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

@@ -9,10 +9,10 @@ from contextlib import aclosing
 
 import pytest
 
-from shared.engines.base import Delta, EngineRequest
-from shared.engines.factory import make_engine
-from shared.engines.openai_engine import OpenAIEngine
-from shared.engines.sim import SimOptions, count_prompt_tokens, plan_answer
+from workers.engines.base import Delta, EngineRequest
+from workers.engines.factory import make_engine
+from workers.engines.openai_engine import OpenAIEngine
+from workers.engines.sim import SimOptions, count_prompt_tokens, plan_answer
 from shared.errors import EngineError
 from shared.protocol import Message
 from shared.settings import load_settings

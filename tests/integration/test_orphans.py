@@ -1,4 +1,4 @@
-"""A chat worker's check for chats no live gateway follows (workers/orphans.py) on the
+"""A chat worker's check for chats no live gateway follows (workers/chat/orphans.py) on the
 machine's Redis: a chat followed only by gateways that stopped beating is cancelled and its
 stream slot freed; one a live gateway follows, or with no followers set, is left alone."""
 
@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from shared.keys import Keys
 from shared.redis.pipe import RedisPipe
 from tests.integration.conftest import Services
-from workers.orphans import GatewayWatch
+from workers.chat.orphans import GatewayWatch
 
 
 @dataclass

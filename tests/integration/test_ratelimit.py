@@ -17,7 +17,7 @@ from firsttoken.keyscli import create_key
 from gateway.ratelimit import Enqueue, RateLimiter
 from shared.errors import Overloaded, RateLimited, Unauthorized
 from shared.keys import Keys
-from shared.limits import Limits
+from gateway.rates import Limits
 from shared.redis.pipe import RedisPipe
 from shared.settings import Settings, load_settings
 from tests.integration.conftest import Services, Stack, make_stack

@@ -19,7 +19,7 @@ from shared.redis.pipe import PipeScript, RedisPipe
 from shared.redis.resp import pack
 from tests.integration.conftest import Services
 from tests.support import free_port, throwaway_redis_server
-from workers.publish import SEND_LUA
+from workers.chat.publish import SEND_LUA
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The relay bench's producer must publish what a chat worker publishes, or the bench measures
-a relay that does not exist. Compared here against workers/publish.py's JobPublisher on the
+a relay that does not exist. Compared here against workers/chat/publish.py's JobPublisher on the
 machine's Redis, then run through a real gateway to a websocket client, then the whole harness
 at a tiny load."""
 
@@ -64,7 +64,7 @@ async def _capture(client: aioredis.Redis, channel: str, send: Any, until_kind: 
 
 def test_producer_chunks_match_the_worker_publisher() -> None:
     from shared.redis.pipe import RedisPipe
-    from workers.publish import SEND_LUA, JobPublisher
+    from workers.chat.publish import SEND_LUA, JobPublisher
 
     async def scenario() -> None:
         keys = Keys(f"ftrelay{uuid.uuid4().hex[:8]}")
@@ -204,7 +204,7 @@ def test_one_job_through_a_real_gateway() -> None:
 
 
 def test_relay_harness_tiny_run(tmp_path: Path) -> None:
-    from firsttoken.bench.relay import main
+    from firsttoken.bench.relaythroughput import main
 
     out = tmp_path / "relay.json"
     rc = main(

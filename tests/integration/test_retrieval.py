@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.retrieval import Query, gather_sources
+from workers.retrieval.gather import Query, gather_sources
 from tests.integration.conftest import Services, Stack
 from tests.integration.issue5 import ask, client, issue5_stack, new_tenant
 
@@ -88,7 +88,7 @@ async def test_start_up_compiles_every_source_query(
     from sqlalchemy import event
     from sqlalchemy.engine.default import CACHE_HIT
 
-    from workers.db import Database
+    from workers.bulk.db import Database
     from workers.retrieval import sources
 
     db = Database(services.database_url)

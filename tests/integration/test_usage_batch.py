@@ -1,7 +1,7 @@
-"""A chat worker's usage batcher (workers/usage.py) on the machine's Redis: rows that end
+"""A chat worker's usage batcher (workers/chat/usage.py) on the machine's Redis: rows that end
 together leave as one bulk task, nothing is held past the window, a stopping worker sends
 what it holds, every row is in the usage outbox from the moment it is added, and a bulk
-worker's sweep (workers/usage_sweep.py) sends again the rows no task carried to a write. (That
+worker's sweep (workers/bulk/sweep.py) sends again the rows no task carried to a write. (That
 the bulk worker writes them and takes them out is tests/faults/test_durable.py's.)"""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from shared.keys import PERSIST_USAGE_BATCH_TASK, Keys
 from shared.redis.pipe import RedisPipe
 from shared.tasks import UsageRecord, parse_task_message
 from tests.integration.conftest import Services
-from workers.usage import UsageBatcher
-from workers.usage_sweep import UsageSweeper
+from workers.chat.usage import UsageBatcher
+from workers.bulk.sweep import UsageSweeper
 
 Queue = tuple[aioredis.Redis, str, RedisPipe, Keys]
 
@@ -143,7 +143,7 @@ async def test_a_sweep_queues_the_rows_past_due_once(
     queues them once they are due, and the next sweep finds nothing (their due time moved on);
     rows whose task is queued are not due."""
     r, key, pipe, keys = queue
-    monkeypatch.setattr("workers.usage.UNQUEUED_GRACE_MS", 300)
+    monkeypatch.setattr("workers.chat.usage.UNQUEUED_GRACE_MS", 300)
     dead = UsageBatcher(pipe, keys, "dead", window_s=0.05)
     live = UsageBatcher(pipe, keys, "live", window_s=0.0)
     rows = [_usage() for _ in range(3)]
@@ -167,8 +167,8 @@ async def test_no_sweep_while_the_bulk_queue_is_backed_up(
     """A long bulk queue most likely holds the due rows' tasks: a sweep waits instead of
     lengthening it."""
     r, key, pipe, keys = queue
-    monkeypatch.setattr("workers.usage.UNQUEUED_GRACE_MS", 0)
-    monkeypatch.setattr("workers.usage_sweep.MAX_BACKLOG", 0)
+    monkeypatch.setattr("workers.chat.usage.UNQUEUED_GRACE_MS", 0)
+    monkeypatch.setattr("workers.bulk.sweep.MAX_BACKLOG", 0)
     batcher = UsageBatcher(pipe, keys, "test", window_s=0.0, resend_after_s=0.0)
     batcher.add(_usage())  # queued: the backlog of one, and due at once
     await pipe.flush()

@@ -108,7 +108,7 @@ def test_each_scaled_object_targets_the_deployment_of_its_queues_worker(queue: s
 
 def test_pools_that_must_always_run_never_scale_to_zero() -> None:
     # No chat worker: every chat is refused. No bulk worker: nobody sends on a dead chat
-    # worker's usage rows (workers/usage_sweep.py), which no queue length shows.
+    # worker's usage rows (workers/bulk/sweep.py), which no queue length shows.
     from shared.keys import BULK_QUEUE
 
     for queue in (CHAT_QUEUE, BULK_QUEUE):

@@ -169,7 +169,7 @@ def test_every_package_is_parsed() -> None:
     modules = product_modules()
     for package in PACKAGES:
         assert package in modules, f"{package}/__init__.py is missing"
-    assert "workers.chat" in modules and "shared.settings" in modules
+    assert "workers.chat.run" in modules and "shared.settings" in modules
 
 
 def test_one_way_rule() -> None:
@@ -229,17 +229,17 @@ def test_one_way_rule_names_each_offending_import(tmp_path: Path) -> None:
         tmp_path,
         {
             "gateway/__init__.py": "",
-            "gateway/app.py": "import workers.chat\nimport shared.keys\n",
+            "gateway/app.py": "import workers.chat.run\nimport shared.keys\n",
             "workers/__init__.py": "",
-            "workers/chat.py": "",
+            "workers/chat/run.py": "",
             "shared/__init__.py": "",
             "shared/keys.py": "def f():\n    from firsttoken import cli\n",
             "firsttoken/__init__.py": "",
-            "firsttoken/cli.py": "import gateway.app\nimport workers.chat\n",
+            "firsttoken/cli.py": "import gateway.app\nimport workers.chat.run\n",
         },
     )
     assert one_way_violations(import_graph(modules)) == [
-        "gateway.app imports workers.chat",
+        "gateway.app imports workers.chat.run",
         "shared.keys imports firsttoken.cli",
     ]
 
@@ -249,12 +249,12 @@ def test_every_cycle_of_one_component_is_listed(tmp_path: Path) -> None:
         tmp_path,
         {
             "workers/__init__.py": "",
-            "workers/context.py": "import workers.record\nimport workers.stage\n",
-            "workers/record.py": "import workers.context\n",
-            "workers/stage.py": "import workers.context\n",
+            "workers/resources.py": "import workers.chat.record\nimport workers.stage\n",
+            "workers/chat/record.py": "import workers.resources\n",
+            "workers/stage.py": "import workers.resources\n",
         },
     )
     assert cycles(import_graph(modules)) == [
-        ("workers.context", "workers.record"),
-        ("workers.context", "workers.stage"),
+        ("workers.resources", "workers.chat.record"),
+        ("workers.resources", "workers.stage"),
     ]

@@ -16,8 +16,8 @@ import sys
 import time
 from typing import Any
 
-from shared.engines.base import EngineRequest
-from shared.engines.vllm_engine import VLLMEngine
+from workers.engines.base import EngineRequest
+from workers.engines.vllm_engine import VLLMEngine
 from shared.protocol import Message
 from shared.settings import load_settings
 

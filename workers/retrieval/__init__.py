@@ -4,7 +4,7 @@ This package is the worker's side, with the I/O: ``sources`` (the tenant prompt,
 knowledge-base and quota sources, read from the database, Redis and the embedder),
 ``assembly`` (prompt assembly: budget, routing, the built prompt; :func:`prepare` runs the
 stage) and ``after`` (what runs after the answer: background sources settled, the turn written,
-a summary queued). ``shared.retrieval`` is the pure gather logic the sources run under
+a summary queued). ``workers.retrieval.gather`` is the pure gather logic the sources run under
 (deadlines, results, their summary for the `done` frame).
 
 One chat: :func:`prepare` -> :func:`start_background` (once the engine request is out) ->

@@ -9,10 +9,10 @@ import time
 from typing import Any
 
 from shared.keys import SUMMARIZE_QUEUE, SUMMARIZE_TASK
-from shared.retrieval import summarize_results
+from workers.retrieval.gather import summarize_results
 from shared.tasks import ChatJob, task_message
-from workers.context import WorkerContext
-from workers.db import database
+from workers.resources import WorkerContext
+from workers.bulk.db import database
 from workers.retrieval.assembly import Prepared
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 async def settle_background(prepared: Prepared, wait_s: float = 0.05) -> None:
     """Add the background sources' results to ``prepared.retrieval`` (waiting at most
     ``wait_s``: by the end of an answer they are long done); one still running is dropped."""
-    if prepared.deferred:  # still held back (workers/deferred.py): reported as skipped
+    if prepared.deferred:  # still held back (workers/chat/deferred.py): reported as skipped
         prepared.retrieval["skipped"].extend(source.name for source, _ in prepared.deferred)
         prepared.deferred.clear()
     tasks = prepared.background
@@ -66,7 +66,7 @@ async def after_answer(
 
     The direct write (one short transaction; it delays `done`, never the first token) is what
     makes "send the next message as soon as `done` arrives" see this turn. The bulk queue gets
-    the same idempotent write too (workers/chat.py), so a failure here only delays it.
+    the same idempotent write too (workers/chat/run.py), so a failure here only delays it.
     """
     job = prepared.job
     if not prepared.conversation_ok or job.conversation_id is None:

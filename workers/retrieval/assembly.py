@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from shared.conversation import Window, WindowRules, select_window
+from workers.conversation import Window, WindowRules, select_window
 from shared.errors import ConfigError, InvalidRequest
 from shared.modeltable import ModelTable
-from shared.prompt import (
+from workers.prompt import (
     Budget,
     BuiltPrompt,
     PromptParts,
@@ -31,7 +31,7 @@ from shared.prompt import (
     parse_templates,
 )
 from shared.protocol import AUTO_MODEL
-from shared.retrieval import (
+from workers.retrieval.gather import (
     Query,
     Source,
     SourceResult,
@@ -39,10 +39,10 @@ from shared.retrieval import (
     run_source,
     summarize_results,
 )
-from shared.routing import DEFAULT_REASONING_CUES, Decision, RoutingRules, decide
+from workers.routing import DEFAULT_REASONING_CUES, Decision, RoutingRules, decide
 from shared.settings import Settings
 from shared.tasks import ChatJob
-from workers.context import WorkerContext
+from workers.resources import WorkerContext
 from workers.retrieval.sources import ConversationState, sources_for
 
 log = logging.getLogger(__name__)

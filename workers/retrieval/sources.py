@@ -1,6 +1,6 @@
 """The retrieval sources: what a chat's prompt is built from, each read under its own deadline.
 
-Each source is a :class:`shared.retrieval.Source` (``shared.retrieval`` is the pure gather logic:
+Each source is a :class:`workers.retrieval.gather.Source` (``workers.retrieval.gather`` is the pure gather logic:
 deadlines, results, the summary; this module is the I/O behind it: database, Redis, embedder):
 
 - ``user``: the tenant's prompt template row (``tenant_prompts``);
@@ -27,18 +27,18 @@ from typing import Any
 
 from sqlalchemy import select
 
-from shared.conversation import StoredMessage
+from workers.conversation import StoredMessage
 from shared.db.models import Conversation, MessageRow, TenantPrompt
-from shared.embeddings.base import Embedder
-from shared.kb.index import KbIndexes
-from shared.kb.store import kb_version, load_chunks
-from shared.prompt import ContextChunk
-from shared.refreshing import RefreshingCache
-from shared.retrieval import Query, Source
+from workers.embeddings.base import Embedder
+from workers.kb.index import KbIndexes
+from workers.kb.store import kb_version, load_chunks
+from workers.prompt import ContextChunk
+from workers.refreshing import RefreshingCache
+from workers.retrieval.gather import Query, Source
 from shared.settings import Settings
 from shared.tasks import ChatJob
-from workers.context import WorkerContext
-from workers.db import database
+from workers.resources import WorkerContext
+from workers.bulk.db import database
 
 # Tenant-level rows (prompt overrides, the knowledge base's version) change rarely but would
 # cost a database round trip on every chat: each worker process trusts them this long, so an
@@ -49,7 +49,7 @@ _tenant_cache: RefreshingCache[tuple[str, str], Any] = RefreshingCache(TENANT_CA
 
 
 async def _per_tenant(kind: str, tenant_id: str, load: Any) -> Any:
-    """`await load()`, remembered per (kind, tenant); see shared/refreshing.py."""
+    """`await load()`, remembered per (kind, tenant); see workers/refreshing.py."""
     return await _tenant_cache.get((kind, tenant_id), load)
 
 
@@ -215,7 +215,7 @@ class KbState:
 
     def embedder(self) -> Embedder:
         if self._embedder is None:
-            from shared.embeddings.factory import make_embedder
+            from workers.embeddings.factory import make_embedder
 
             self._embedder = make_embedder(self.settings)
         return self._embedder

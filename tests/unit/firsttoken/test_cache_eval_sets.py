@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from firsttoken.cachecli import setting_env
-from shared.cache.evaluate import (
+from workers.cache.evaluate import (
     Pair,
     PairSet,
     data_dir,
@@ -283,7 +283,7 @@ def test_calibrate_prints_each_threshold_and_renders_an_importable_table(
     """`cache calibrate` measures every threshold of its grid; --write renders a table the
     workers import (written here to a temporary file, not the checkout's)."""
     from firsttoken import cachecli
-    from shared.cache.calibration import Point
+    from workers.cache.calibration import Point
 
     data = _tiny_sets(tmp_path)
     proc = subprocess.run(
@@ -348,7 +348,7 @@ def test_cli_outside_a_checkout_says_how_to_find_the_sets(
 ) -> None:
     from firsttoken.cli import main
 
-    monkeypatch.setattr("shared.cache.evaluate.data_dir", lambda: None)
+    monkeypatch.setattr("workers.cache.evaluate.data_dir", lambda: None)
     assert main(["cache", "eval", "--json"]) == 2
     err = capsys.readouterr().err
     assert "no tests/ beside it" in err and "--data-dir" in err

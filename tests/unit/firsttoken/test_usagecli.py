@@ -21,8 +21,8 @@ from firsttoken.usagecli import (
     plot,
     render,
 )
-from shared.db.usage_groups import UsageGroup, interpolate, percentile_cont
-from shared.db.usage_report import postgres_sql
+from firsttoken.usage.groups import UsageGroup, interpolate, percentile_cont
+from firsttoken.usage.report import postgres_sql
 
 GROUP = UsageGroup(
     group="t-a",
@@ -128,7 +128,7 @@ def test_the_usage_command_starts_without_sqlalchemy_or_the_settings() -> None:
         "import sys\n"
         "from firsttoken.cli import build_parser\n"
         "build_parser('usage').parse_args(['usage', '--by', 'day'])\n"
-        "import asyncpg, shared.db.usage_report, shared.db.usage_groups\n"
+        "import asyncpg, firsttoken.usage.report, firsttoken.usage.groups\n"
         "heavy = ('sqlalchemy', 'pydantic', 'pydantic_settings', 'firsttoken.keyscli', 'redis')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy or m in heavy))\n"
     )

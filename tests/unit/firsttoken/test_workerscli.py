@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from firsttoken.workerscli import Snapshot, as_json, as_table, by_queue, summary
-from shared.workerstatus import WorkerStatus
+from workers.workerstatus import WorkerStatus
 
 NOW = 1000.0
 

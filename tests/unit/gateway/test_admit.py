@@ -9,7 +9,7 @@ import pytest
 
 from gateway.admit import Admitted, admit_chat, check_new_chat
 from shared.errors import InvalidRequest, Overloaded
-from shared.limits import Limits, estimate_prompt_tokens
+from gateway.rates import Limits, estimate_prompt_tokens
 from shared.modeltable import parse_models
 from shared.protocol import ChatFrame
 

@@ -30,4 +30,4 @@ def test_admission_is_pure_it_imports_no_session_socket_or_redis_module() -> Non
     """gateway/admit.py decides from values alone; the session keeps the I/O."""
     imported = _imports(GATEWAY / "admit.py")
     assert not {m for m in imported if m.split(".")[0] in ("redis", "starlette", "asyncio")}
-    assert not {"gateway.session", "gateway.state", "gateway.ratelimit"} & imported
+    assert not {"gateway.wsdoor", "gateway.state", "gateway.ratelimit"} & imported

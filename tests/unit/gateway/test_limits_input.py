@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.limits import ConnectionGuard, check_message_chars, origin_allowed, parse_origins
+from gateway.safety import ConnectionGuard, check_message_chars, origin_allowed, parse_origins
 from shared.errors import InvalidRequest
 from shared.protocol import Message, frame_id, parse_client_frame
 

@@ -1,13 +1,13 @@
-"""From the operator's risk to a threshold (shared/cache/calibration.py, pure)."""
+"""From the operator's risk to a threshold (workers/cache/calibration.py, pure)."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.cache.calibrated import CALIBRATION
-from shared.cache.calibration import STRICTEST, Point, choose, threshold_for, upper_bound
-from shared.cache.verify import table_key
-from shared.embeddings.factory import make_embedder
+from workers.cache.calibrated import CALIBRATION
+from workers.cache.calibration import STRICTEST, Point, choose, threshold_for, upper_bound
+from workers.cache.verify import table_key
+from workers.embeddings.factory import make_embedder
 from shared.settings import Settings
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared.cache.guards import disagreement, features
-from shared.cache.normalize import canonical, exact_key, normalize, split_turn
-from shared.cache.policy import Candidate, Policy, Query, judge
+from workers.cache.guards import disagreement, features
+from workers.cache.normalize import canonical, exact_key, normalize, split_turn
+from workers.cache.policy import Candidate, Policy, Query, judge
 from shared.protocol import Message
 
 

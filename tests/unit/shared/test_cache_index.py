@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shared.cache.index import AnnIndex, CacheIndex, ExactIndex
+from workers.cache.index import AnnIndex, CacheIndex, ExactIndex
 
 
 def _unit(rng: np.random.Generator, n: int, dim: int = 32) -> np.ndarray:
@@ -52,7 +52,7 @@ def test_cache_index_isolates_partitions_promotes_and_skips_expired() -> None:
 
 
 def test_search_breadth_grows_with_the_index_and_can_be_fixed() -> None:
-    from shared.cache.index import EXPANSION_LARGEST, AnnIndex, expansion_for
+    from workers.cache.index import EXPANSION_LARGEST, AnnIndex, expansion_for
 
     assert expansion_for(1) == 64 and expansion_for(199_999) == 64
     assert expansion_for(200_000) == 128 and expansion_for(1_000_000) == EXPANSION_LARGEST

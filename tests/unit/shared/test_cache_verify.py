@@ -1,12 +1,12 @@
-"""The overlap verifier (shared/cache/verify.py, pure): the edit's shape adjusts a cosine."""
+"""The overlap verifier (workers/cache/verify.py, pure): the edit's shape adjusts a cosine."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.cache.calibrated import CALIBRATION
-from shared.cache.policy import Candidate, Policy, Query, judge
-from shared.cache.verify import (
+from workers.cache.calibrated import CALIBRATION
+from workers.cache.policy import Candidate, Policy, Query, judge
+from workers.cache.verify import (
     MAX_RAISE,
     MAX_TOKENS,
     SMALL_EDIT_PENALTY,
@@ -17,7 +17,7 @@ from shared.cache.verify import (
 )
 from shared.protocol import Message
 from shared.settings import Settings
-from workers.cache_stage import policy_from
+from workers.cache.stage import policy_from
 
 
 def test_content_tokens_drop_stop_words_and_fold_plurals() -> None:

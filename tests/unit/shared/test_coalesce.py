@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.coalesce import Coalescer
+from workers.chat.coalesce import Coalescer
 
 
 def test_first_text_is_flushed_at_once() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from shared.conversation import StoredMessage, WindowRules, select_window, summary_prompt
-from shared.prompt import counter_for
+from workers.conversation import StoredMessage, WindowRules, select_window, summary_prompt
+from workers.prompt import counter_for
 
 COUNTER = counter_for(None)
 

@@ -1,4 +1,4 @@
-"""Deadlines around an engine stream (shared/engines/deadlines.py): one timer per stream."""
+"""Deadlines around an engine stream (workers/engines/deadlines.py): one timer per stream."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-from shared.engines.base import Delta
-from shared.engines.deadlines import EngineStalled, FirstTokenTimeout, with_deadlines
+from workers.engines.base import Delta
+from workers.engines.deadlines import EngineStalled, FirstTokenTimeout, with_deadlines
 
 
 async def _deltas(gaps: list[float]) -> AsyncGenerator[Delta, None]:

@@ -19,7 +19,7 @@ from shared.errors import ErrorCode, InvalidDraft, InvalidRequest, error_frame
 from shared.keys import Keys
 from shared.protocol import DraftFrame, Message, frame_id, parse_client_frame
 from shared.tasks import DraftJob
-from workers.consumer import priority_lists
+from workers.chat.consumer import priority_lists
 
 
 def parse(frame: dict[str, object]) -> object:

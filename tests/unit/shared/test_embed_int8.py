@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared.embeddings.factory import make_embedder
-from shared.embeddings.onnx_minilm import OnnxMiniLM, default_model_path
-from shared.embeddings.quantize import build_int8_model, int8_model_path
+from workers.embeddings.factory import make_embedder
+from workers.embeddings.onnx_minilm import OnnxMiniLM, default_model_path
+from workers.embeddings.quantize import build_int8_model, int8_model_path
 from shared.settings import load_settings
 
 SENTENCES = [
@@ -87,8 +87,8 @@ def test_embedder_loads_after_an_ann_index() -> None:
     """A process that builds an HNSW index before its first embedding still embeds (usearch
     loaded before onnxruntime used to crash the process on onnxruntime's import)."""
     code = (
-        "from shared.cache.index import AnnIndex; AnnIndex(384);"
-        "from shared.embeddings.onnx_minilm import OnnxMiniLM;"
+        "from workers.cache.index import AnnIndex; AnnIndex(384);"
+        "from workers.embeddings.onnx_minilm import OnnxMiniLM;"
         "print(OnnxMiniLM().embed(['still works']).shape)"
     )
     done = subprocess.run(

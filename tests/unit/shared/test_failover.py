@@ -10,8 +10,8 @@ from contextlib import aclosing
 import pytest
 
 from firsttoken.simserver import _BadRequest, parse_chat_request
-from shared.engines.base import EngineRequest
-from shared.engines.sim import SimEngine, SimOptions, plan_answer, plan_continuation
+from workers.engines.base import EngineRequest
+from workers.engines.sim import SimEngine, SimOptions, plan_answer, plan_continuation
 from shared.failover import (
     TAKEOVER_GRACE_S,
     continuation_request,

@@ -1,4 +1,4 @@
-"""shared/retrieval/gather.py: sources that answer from their cache are taken without a task,
+"""workers/retrieval/gather.py: sources that answer from their cache are taken without a task,
 so a chat whose sources are all cached passes the retrieval stage without waiting."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from shared.retrieval import Query, SourceResult, gather_sources
+from workers.retrieval.gather import Query, SourceResult, gather_sources
 
 
 class Cached:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.limits import (
+from gateway.rates import (
     WINDOW_MS,
     Limits,
     SlidingWindow,

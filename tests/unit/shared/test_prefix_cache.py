@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import asyncio
 
-from shared.engines.base import Delta, EngineRequest
-from shared.engines.prefixcache import (
+from workers.engines.base import Delta, EngineRequest
+from workers.engines.prefixcache import (
     BLOCK_TOKENS,
     PrefixCache,
     block_hashes,
     prefilled_tokens,
     prompt_token_words,
 )
-from shared.engines.sim import SimEngine, SimOptions, count_prompt_tokens
+from workers.engines.sim import SimEngine, SimOptions, count_prompt_tokens
 from shared.protocol import Message
 
 

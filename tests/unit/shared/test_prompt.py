@@ -7,7 +7,7 @@ import random
 import pytest
 
 from shared.errors import InvalidRequest
-from shared.prompt import (
+from workers.prompt import (
     Budget,
     ContextChunk,
     PromptParts,
@@ -17,7 +17,7 @@ from shared.prompt import (
     counter_for,
     parse_templates,
 )
-from shared.prompt.tokens import TokenCounter
+from workers.prompt.tokens import TokenCounter
 from shared.protocol import Message
 
 COUNTER = counter_for(None)
@@ -130,7 +130,7 @@ def test_tiktoken_fallback_works_offline() -> None:
 
 
 def test_remembered_counts_equal_the_tokenizers_and_long_texts_are_kept_by_digest() -> None:
-    from shared.prompt.tokens import RememberingCounter, TiktokenCounter
+    from workers.prompt.tokens import RememberingCounter, TiktokenCounter
 
     inner = TiktokenCounter()
     calls: list[str] = []
@@ -159,7 +159,7 @@ def test_the_quick_bound_is_never_below_the_count(text: str) -> None:
 def test_a_first_turn_that_surely_fits_is_counted_on_first_use() -> None:
     """Template and question only, well within the budget: built without counting; the count
     read later is the exact count of the messages built."""
-    from shared.prompt.tokens import RememberingCounter, TiktokenCounter
+    from workers.prompt.tokens import RememberingCounter, TiktokenCounter
 
     inner = TiktokenCounter()
     calls: list[str] = []

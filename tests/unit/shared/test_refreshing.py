@@ -1,4 +1,4 @@
-"""shared/refreshing.py: one load per key however many miss at once, stale values served while
+"""workers/refreshing.py: one load per key however many miss at once, stale values served while
 one background load refreshes them, a failed refresh keeps the old value."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from shared.refreshing import RefreshingCache
+from workers.refreshing import RefreshingCache
 
 
 class Clock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.routing import RoutingRules, classify, decide
+from workers.routing import RoutingRules, classify, decide
 
 RULES = RoutingRules(long_prompt_tokens=1500)
 ROLES = [("small-m", "small"), ("large-m", "large")]

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from shared.engines.base import Delta, EngineRequest
-from shared.engines.factory import make_engine
-from shared.engines.sim import (
+from workers.engines.base import Delta, EngineRequest
+from workers.engines.factory import make_engine
+from workers.engines.sim import (
     ITL_SLOWDOWN_PER_SEQ,
     SimEngine,
     SimOptions,

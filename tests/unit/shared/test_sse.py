@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.engines.httpstream import sse_payloads
+from workers.engines.httpstream import sse_payloads
 
 
 def _data(*chunks: bytes) -> list[bytes]:

@@ -101,7 +101,7 @@ def test_parse_says_what_is_wrong(raw: bytes, says: str) -> None:
 
 
 def test_priority_lists_follow_kombus_order() -> None:
-    from workers.consumer import priority_lists
+    from workers.chat.consumer import priority_lists
 
     assert priority_lists("ft:celery:chat") == [
         "ft:celery:chat",

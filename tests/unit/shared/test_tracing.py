@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from shared import tracing
-from shared.engines.base import EngineRequest, trace_header_lines, trace_headers
+from workers.engines.base import EngineRequest, trace_header_lines, trace_headers
 from shared.errors import InvalidRequest
 from shared.protocol import ChatFrame, Message, parse_client_frame
 from shared.tasks import ChatJob
@@ -156,7 +156,7 @@ def test_off_the_chat_path_never_imports_opentelemetry_of_ours() -> None:
     """The gateway, the worker's chat path and the engines import no tracing SDK module of
     firsttoken's while tracing is off (redis-py may import OpenTelemetry's API on its own)."""
     code = (
-        "import sys, gateway.app, workers.chat, firsttoken.simserver; "
+        "import sys, gateway.app, workers.chat.run, firsttoken.simserver; "
         "print('shared.tracing.otel' in sys.modules, 'opentelemetry.sdk.trace' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,8 +1,8 @@
-"""The status record a worker's heartbeat writes (shared/workerstatus.py)."""
+"""The status record a worker's heartbeat writes (workers/workerstatus.py)."""
 
 from __future__ import annotations
 
-from shared.workerstatus import STATUS_VERSION, WorkerStatus, decode_status
+from workers.workerstatus import STATUS_VERSION, WorkerStatus, decode_status
 
 
 def status(**fields: object) -> WorkerStatus:

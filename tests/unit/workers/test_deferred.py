@@ -1,4 +1,4 @@
-"""workers/deferred.py: work off the first token's path waits while the queue has a backlog,
+"""workers/chat/deferred.py: work off the first token's path waits while the queue has a backlog,
 and runs, in order, once it is gone or after the longest hold."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from workers.deferred import DeferredWork
+from workers.chat.deferred import DeferredWork
 
 
 async def test_without_a_backlog_it_runs_on_the_next_turn_of_the_loop() -> None:
@@ -61,7 +61,7 @@ async def test_a_failing_callback_is_logged_and_the_rest_still_run(
     work.after_read(True)
     work.later(boom)
     work.later(lambda: ran.append("after"))
-    with caplog.at_level(logging.ERROR, logger="workers.deferred"):
+    with caplog.at_level(logging.ERROR, logger="workers.chat.deferred"):
         work.after_read(False)
     assert ran == ["after"]
     assert any("deferred work failed" in r.getMessage() for r in caplog.records)

@@ -6,13 +6,13 @@ import time
 
 import pytest
 
-from shared.engines.base import Delta, Engine, EngineRequest
-from shared.engines.deadlines import EngineStalled, FirstTokenTimeout
-from shared.engines.sim import SimEngine, SimOptions
+from workers.engines.base import Delta, Engine, EngineRequest
+from workers.engines.deadlines import EngineStalled, FirstTokenTimeout
+from workers.engines.sim import SimEngine, SimOptions
 from shared.errors import DeadlineExceeded, EngineError, InvalidRequest
 from shared.modeltable import ModelSpec, parse_models
 from shared.protocol import Message
-from workers.generate import Failure, Generation, final_error, from_model, next_step
+from workers.chat.generate import Failure, Generation, final_error, from_model, next_step
 
 # --- pure decisions ---------------------------------------------------------------------------
 

@@ -1,10 +1,10 @@
-"""What a worker's heartbeat reports about its load (workers/load.py)."""
+"""What a worker's heartbeat reports about its load (workers/chat/load.py)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from workers.load import WorkerLoad, chat_pool_probe
+from workers.chat.load import WorkerLoad, chat_pool_probe
 
 
 def test_chats_count_as_done_and_engine_errors_count_apart() -> None:

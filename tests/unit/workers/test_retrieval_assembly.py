@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from shared.conversation import StoredMessage
+from workers.conversation import StoredMessage
 from shared.errors import InvalidRequest
 from shared.modeltable import parse_models
-from shared.prompt import ContextChunk
-from shared.retrieval import SourceResult
+from workers.prompt import ContextChunk
+from workers.retrieval.gather import SourceResult
 from shared.settings import load_settings
 from shared.tasks import ChatJob
 from workers import retrieval

@@ -1,0 +1,1 @@
+"""The analysts' queries behind `firsttoken usage`: grouped reports over the usage rows."""

@@ -1,0 +1,207 @@
+"""Per-process resources of a worker, created once on the process loop.
+
+One Redis pool, one engine client per model server, the cancel listener (job id -> running
+task) and the heartbeat that tells gateways a worker for a queue is alive. Who creates, starts
+and closes them, and in which order, is workers/lifecycle.py's WorkerLifecycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import redis.asyncio as aioredis
+
+from workers.engines.base import Engine
+from workers.engines.factory import make_model_engine
+from shared.keys import BULK_QUEUE, CHAT_QUEUE, Keys
+from shared.modeltable import ModelSpec, ModelTable, model_table
+from shared.redis.pipe import PipeScript, RedisPipe
+from shared.settings import Settings
+from shared.tasks import UsageRecord
+from workers.workerstatus import WorkerStatus
+from workers.chat.failover import JobLeases
+from workers.chat.load import WorkerLoad
+from workers.chat.orphans import GatewayWatch
+from workers.bulk.sweep import UsageSweeper
+
+log = logging.getLogger(__name__)
+
+
+class Cancellable(Protocol):
+    """A running chat the cancel listener can stop (workers.chat.run.ChatRun)."""
+
+    def cancel(self) -> None: ...
+
+    def stand_down(self) -> None:
+        """Stop without a word: another worker took the chat over (workers/chat/failover.py)."""
+
+
+class UsageSink(Protocol):
+    """Where a chat's usage row goes (workers.chat.usage.UsageBatcher)."""
+
+    def add(self, usage: UsageRecord) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class WorkerContext:
+    settings: Settings
+    keys: Keys
+    redis: aioredis.Redis
+    name: str
+    # One pipelined Redis connection (shared/redis/pipe.py) for every job's chunks and the
+    # chat path's small reads; started by start().
+    pipe: RedisPipe
+    chunks: PipeScript  # workers/chat/publish.py's SEND_LUA on the pipe
+    # Usage rows of chats ending close together, one bulk task per batch (workers/chat/usage.py).
+    usage: UsageSink
+    # The owner leases of this worker's chats (workers/chat/failover.py), on the same pipe.
+    leases: JobLeases
+    _engines: dict[tuple[str, str], Engine] = field(default_factory=dict)
+    running: dict[str, Cancellable] = field(default_factory=dict)
+    # Drafts being prefilled (workers/chat/prefill.py): cancellable like chats, but no chat's lease,
+    # follower check or takeover applies to them.
+    prefills: dict[str, Cancellable] = field(default_factory=dict)
+    # What each heartbeat reports besides the time (`firsttoken workers`).
+    load: WorkerLoad = field(default_factory=WorkerLoad)
+    started_at: float = field(default_factory=time.time)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _heartbeat_task: asyncio.Task[None] | None = None
+    _heartbeat_queues: tuple[str, ...] = ()
+
+    @property
+    def models(self) -> ModelTable:
+        return model_table(self.settings)
+
+    def engine_for(self, spec: ModelSpec) -> Engine:
+        """The engine serving ``spec``; models on the same server share one (one pool).
+
+        Created on first use: a bulk worker never loads a model.
+        """
+        engine = self._engines.get(spec.engine_key)
+        if engine is None:
+            engine = self._engines[spec.engine_key] = make_model_engine(spec, self.settings)
+        return engine
+
+    @property
+    def engine(self) -> Engine:
+        """The default model's engine."""
+        return self.engine_for(self.models.get(None))
+
+    async def open(self) -> None:
+        """Connect the pipelined writer (the Redis pool connects on first use)."""
+        await self.pipe.start()
+
+    async def start_cancel_listener(self) -> None:
+        """Subscribe to the cancel channel: a job cancelled from now on stops here."""
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe(self.keys.cancel_channel)
+        self._tasks.append(asyncio.create_task(self._listen_cancels(pubsub)))
+
+    def start_heartbeat(self, queues: tuple[str, ...]) -> None:
+        """Tell gateways this worker takes jobs from ``queues`` (once; later calls do nothing)."""
+        if queues and self._heartbeat_task is None:
+            self._heartbeat_queues = queues
+            self._heartbeat_task = asyncio.create_task(self._heartbeat(queues))
+            self._tasks.append(self._heartbeat_task)
+            # Issue 29: a chat worker stops the chats of dead gateways; a bulk worker sends on
+            # usage rows whose task was lost.
+            if CHAT_QUEUE in queues:
+                watch = GatewayWatch(
+                    self.pipe,
+                    self.keys,
+                    self.running,
+                    self.settings.gateway_heartbeat_s,
+                    self.settings.gateway_dead_after_s,
+                )
+                self._tasks.append(asyncio.create_task(watch.run(), name="gateway-watch"))
+            if BULK_QUEUE in queues:
+                sweeper = UsageSweeper(
+                    self.pipe, self.keys, self.name, self.settings.usage_resend_after_s
+                )
+                self._tasks.append(asyncio.create_task(sweeper.run(), name="usage-sweep"))
+
+    async def _listen_cancels(self, pubsub: aioredis.client.PubSub) -> None:
+        while True:
+            try:
+                msg = await pubsub.get_message(timeout=None)
+            except asyncio.CancelledError:
+                await pubsub.aclose()
+                raise
+            except Exception:
+                log.warning("cancel listener lost Redis; retrying", exc_info=True)
+                await asyncio.sleep(0.5)
+                continue
+            if msg is None or msg.get("type") != "message":
+                continue
+            job_id = msg["data"]
+            run = self.running.get(job_id) or self.prefills.get(job_id)
+            if run is not None:
+                run.cancel()
+
+    async def _heartbeat(self, queues: tuple[str, ...]) -> None:
+        host, pid = socket.gethostname(), os.getpid()
+        ttl_ms = int(self.settings.worker_status_ttl_s * 1000)
+        while True:
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    now = time.time()
+                    for queue in queues:
+                        pipe.zadd(self.keys.worker_heartbeats(queue), {self.name: now})
+                    # The same beat carries the load (one round trip, once a beat): the status
+                    # record, its index entry, and the index trimmed of records long expired.
+                    in_flight, capacity, done = self.load.sample()
+                    status = WorkerStatus(
+                        name=self.name,
+                        queues=queues,
+                        host=host,
+                        pid=pid,
+                        in_flight=in_flight,
+                        capacity=capacity,
+                        done=done,
+                        engine_errors=self.load.engine_errors,
+                        started_at=self.started_at,
+                        beat_at=now,
+                    )
+                    pipe.set(self.keys.worker_status(self.name), status.encode(), px=ttl_ms)
+                    pipe.zadd(self.keys.worker_statuses, {self.name: now})
+                    pipe.zremrangebyscore(
+                        self.keys.worker_statuses, "-inf", now - self.settings.worker_status_ttl_s
+                    )
+                    await pipe.execute()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("heartbeat failed", exc_info=True)
+            await asyncio.sleep(self.settings.worker_heartbeat_s)
+
+    async def close(self) -> None:
+        """Stop the heartbeat (and drop this worker from its queues' counts) and the cancel
+        listener, then close the engines, the usage batcher, the writer and the pool."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        with contextlib.suppress(Exception):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for queue in self._heartbeat_queues:
+                    pipe.zrem(self.keys.worker_heartbeats(queue), self.name)
+                if self._heartbeat_queues:  # a worker stopped in order is no longer listed
+                    pipe.delete(self.keys.worker_status(self.name))
+                    pipe.zrem(self.keys.worker_statuses, self.name)
+                await pipe.execute()
+        for engine in self._engines.values():
+            with contextlib.suppress(Exception):
+                await engine.aclose()
+        await self.usage.close()
+        await self.pipe.close()
+        await self.redis.aclose()
