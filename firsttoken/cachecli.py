@@ -62,9 +62,9 @@ NO_CHECKOUT = (
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from workers.embeddings.factory import make_embedder
     from shared.settings import get_settings
     from workers.cache.stage import policy_from
+    from workers.embeddings.factory import make_embedder
 
     if args.pairs and args.sets is not None:
         print("error: give a PAIRS file or --sets, not both", file=sys.stderr)
@@ -193,12 +193,12 @@ def grid(spec: str) -> list[float]:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from shared.settings import get_settings
     from workers.cache.calibrated import CALIBRATION
     from workers.cache.calibration import choose
+    from workers.cache.stage import policy_from
     from workers.cache.verify import table_key
     from workers.embeddings.factory import make_embedder
-    from shared.settings import get_settings
-    from workers.cache.stage import policy_from
 
     try:
         _apply_settings(args)
@@ -237,8 +237,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    from workers.embeddings.factory import make_embedder
     from shared.settings import get_settings
+    from workers.embeddings.factory import make_embedder
 
     settings = get_settings()
     if settings.embed_backend != "onnx":

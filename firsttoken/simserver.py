@@ -43,12 +43,12 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shared import tracing
-from workers.engines.base import Delta, EngineRequest
-from workers.engines.sim import SimEngine, SimOptions
 from shared.errors import ConfigError
 from shared.heap import freeze_startup_objects
 from shared.protocol import Message
 from shared.tracing.context import from_headers
+from workers.engines.base import Delta, EngineRequest
+from workers.engines.sim import SimEngine, SimOptions
 
 # OpenAI's "developer" role is the newer name of "system".
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

@@ -252,8 +252,8 @@ async def _fetch_postgres(
 async def _fetch_engine(
     database_url: str, by: GroupBy, since: datetime | None, until: datetime | None, with_days: bool
 ) -> tuple[list[UsageGroup], list[UsageGroup] | None]:
-    from shared.db.session import make_engine
     from firsttoken.usage.report import usage_report
+    from shared.db.session import make_engine
 
     engine = make_engine(database_url)
     try:

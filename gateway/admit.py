@@ -11,9 +11,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.rates import Limits, estimate_prompt_tokens, reservation, tokens_over_limit
 from gateway.safety import check_message_chars
 from shared.errors import InvalidRequest, Overloaded
-from gateway.rates import Limits, estimate_prompt_tokens, reservation, tokens_over_limit
 from shared.modeltable import ModelTable
 from shared.protocol import AUTO_MODEL, NEW_CONVERSATION, ChatFrame
 

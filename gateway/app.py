@@ -21,8 +21,8 @@ from starlette.websockets import WebSocket
 from gateway.auth import key_from_request
 from gateway.metrics import queue_depths
 from gateway.openai import chat_completions
-from gateway.wsdoor import Session
 from gateway.state import Gateway
+from gateway.wsdoor import Session
 from shared.db.session import ping as db_ping
 from shared.errors import FirstTokenError, InternalError, Overloaded, Unauthorized, error_frame
 from shared.heap import freeze_startup_objects

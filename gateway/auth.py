@@ -20,10 +20,10 @@ import redis.asyncio as aioredis
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gateway.rates import Limits, resolve_limits
 from shared.db.apikeys import hash_key, lookup_key
 from shared.errors import Overloaded, Unauthorized
 from shared.keys import Keys
-from gateway.rates import Limits, resolve_limits
 from shared.redis.client import UNREACHABLE
 
 log = logging.getLogger(__name__)

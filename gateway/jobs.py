@@ -27,6 +27,7 @@ from gateway.drafts import Drafts
 from gateway.lostchats import LostChat, record_lost_chat
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import Admission, Enqueue, RateLimiter
+from gateway.rates import charged_without_usage
 from gateway.relay import Relay
 from gateway.relaystate import Followers, RelayState, Step
 from gateway.requeue import REQUEUE_GRACE_S, requeue_if_lost
@@ -41,7 +42,6 @@ from shared.errors import (
 )
 from shared.failover import TAKEOVER_GRACE_S, owner_verdict
 from shared.keys import CHAT_QUEUE, CHAT_TASK, Keys
-from gateway.rates import charged_without_usage
 from shared.metrics.recorder import Recorder
 from shared.modeltable import ModelTable
 from shared.protocol import ChatFrame, dumps

@@ -23,9 +23,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.rates import WINDOW_MS, Limits
 from shared.errors import Overloaded, RateLimited, Unauthorized
 from shared.keys import Keys
-from gateway.rates import WINDOW_MS, Limits
 from shared.redis.client import REDIS_RETRY_AFTER_MS
 from shared.redis.pipe import RedisPipe
 

@@ -17,18 +17,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.auth import Authenticator
 from gateway.drafts import Drafts
 from gateway.jobs import Feed
-from gateway.safety import ConnectionGuard
 from gateway.liveness import GatewayBeat
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter
+from gateway.rates import Limits
 from gateway.relay import Relay
+from gateway.safety import ConnectionGuard
 from gateway.wsdoor import Session
 from shared import tracing
 from shared.db.session import make_engine, make_sessionmaker
 from shared.errors import Unauthorized
 from shared.heap import FirstUse
 from shared.keys import CHAT_QUEUE, Keys
-from gateway.rates import Limits
 from shared.metrics import start_process, stop_process
 from shared.modeltable import ModelTable, model_table
 from shared.redis.client import UNREACHABLE, redis_client, unreachable_as_overloaded

@@ -1,1 +1,1 @@
-"""Alembic migrations: the only way the schema changes. Run with ``python -m firsttoken.migrate``."""
+"""Alembic migrations: the only way the schema changes. Run by ``firsttoken migrate``."""

@@ -1,7 +1,8 @@
 """A chat whose worker died: who notices, what happens to it. Pure: no Redis, no clock.
 
-The design (issue 29; the I/O is workers/chat/failover.py on the workers' side, gateway/jobs.py's
-watchdog on the gateway's):
+The design (issue 29). This module is the gateway's side (its decisions; the I/O is
+gateway/jobs.py's watchdog); the workers' decisions are workers/chat/takeover.py, their I/O
+workers/chat/failover.py:
 
 - **Lease.** A chat worker records every chat it runs in its own hash (`Keys.worker_jobs`:
   job id -> the `ChatJob` payload), written once when the chat starts and removed when it
@@ -30,20 +31,13 @@ watchdog on the gateway's):
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import orjson
 
-from workers.engines.base import EngineRequest
 from shared.protocol import (
-    CHUNK_DONE,
-    CHUNK_ERROR,
-    CHUNK_STARTED,
     CHUNK_TOKEN,
-    Message,
     chunk_tokens,
     decode_chunk,
 )
@@ -52,86 +46,6 @@ from shared.protocol import (
 # ends the chat itself: survivors look twice per heartbeat (0.5 s at the default), and a claim
 # is two Redis round trips; the rest is slack for a busy machine.
 TAKEOVER_GRACE_S = 1.5
-
-
-# --- the worker's side -------------------------------------------------------------------
-
-
-def lost_workers(beats: Mapping[str, float], *, now: float, lost_s: float, me: str) -> list[str]:
-    """The chat workers (other than `me`) whose last heartbeat is `lost_s` old or older."""
-    return sorted(name for name, beat in beats.items() if name != me and now - beat >= lost_s)
-
-
-@dataclass(frozen=True, slots=True)
-class Takeover:
-    """What a worker that claimed a dead worker's chat does with it, read off its replay log.
-
-    - ``ended``: the log already has the chat's `done` or `error`: nothing to do;
-    - ``rerun``: no token was sent: run the chat from the start (the client cannot tell);
-    - ``continue``: continue the answer from ``text`` (``tokens`` tokens, chunks up to
-      ``next_seq - 1`` sent);
-    - ``fail``: text was sent that cannot be continued (a cache replay: its chunks carry no
-      token count): end the chat with `engine_error`.
-    """
-
-    kind: Literal["ended", "rerun", "continue", "fail"]
-    text: str = ""
-    next_seq: int = 0
-    tokens: int = 0
-    # The model the dead worker had moved to before its first token (its last `started`
-    # says), which must write the rest; None: the chat's own model.
-    model: str | None = None
-
-
-def plan_takeover(log: Iterable[str]) -> Takeover:
-    """Decide a claimed chat's fate from its replay stream's messages, oldest first."""
-    texts: list[str] = []
-    next_seq, tokens = 0, 0
-    countable = True
-    model: str | None = None
-    for message in log:
-        kind, seq, payload = decode_chunk(message)
-        if kind in (CHUNK_DONE, CHUNK_ERROR):
-            return Takeover("ended")
-        if kind == CHUNK_STARTED and next_seq == 0:
-            model = _failed_over_to(payload) or model
-            continue
-        if kind != CHUNK_TOKEN or seq is None or seq < next_seq:
-            continue  # a copy of a chunk already read
-        if seq > next_seq:
-            return Takeover("fail", "".join(texts), next_seq, tokens)  # a hole: never guessed
-        texts.append(str(orjson.loads(payload)["text"]))
-        next_seq += 1
-        count = chunk_tokens(message)
-        if count is None:
-            countable = False
-        else:
-            tokens = count
-    if next_seq == 0:
-        return Takeover("rerun")
-    if not countable:
-        return Takeover("fail", "".join(texts), next_seq, tokens)
-    return Takeover("continue", "".join(texts), next_seq, tokens, model)
-
-
-def _failed_over_to(payload: str) -> str | None:
-    try:
-        failover = orjson.loads(payload).get("failover")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    return str(failover["to"]) if isinstance(failover, dict) and "to" in failover else None
-
-
-def continuation_request(request: EngineRequest, prefix: str, tokens_sent: int) -> EngineRequest:
-    """The engine request that continues an answer cut after `prefix` (`tokens_sent` tokens):
-    the prefix as the start of the assistant's message, and the tokens left of the budget
-    (at least one: the engine then ends the answer with its finish reason)."""
-    return dataclasses.replace(
-        request,
-        messages=[*request.messages, Message(role="assistant", content=prefix)],
-        max_tokens=max(1, request.max_tokens - tokens_sent),
-        continue_final=True,
-    )
 
 
 # --- the gateway's side -------------------------------------------------------------------

@@ -78,7 +78,8 @@ class Keys:
     def worker_jobs(self, worker: str) -> str:
         """Hash: job id -> the ChatJob payload, for every chat a chat worker runs now: its
         owner lease (the worker's heartbeat in `worker_heartbeats` is the lease's renewal),
-        from which another worker takes the chat over when the owner dies (workers/chat/failover.py)."""
+        from which another worker takes the chat over when the owner dies
+        (workers/chat/failover.py)."""
         return f"{self.prefix}:jobs:{worker}"
 
     def job_taken(self, job_id: str) -> str:

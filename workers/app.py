@@ -119,8 +119,8 @@ app.steps["consumer"].add("workers.chat.pool:ChatTaskEvents")
 def _start_process(sender: Any = None, **_: Any) -> None:
     """Before any task or bootstep: the loop, Redis, the cancel listener (workers/lifecycle.py)."""
     from shared.logs import hold_content_loggers
-    from workers.lifecycle import lifecycle
     from workers.chat.load import celery_pool_probe
+    from workers.lifecycle import lifecycle
 
     # Before the pool exists: it decides once, at its start, whether to log task bodies.
     hold_content_loggers()

@@ -29,14 +29,14 @@ from shared.keys import CHAT_QUEUE, Keys
 from shared.redis.client import redis_client
 from shared.redis.pipe import RedisPipe
 from shared.settings import get_settings
-from workers.cache.stage import close_stage
-from workers.resources import WorkerContext
 from workers.bulk.db import close_database
+from workers.cache.stage import close_stage
 from workers.chat.failover import JobLeases
 from workers.chat.load import Probe
 from workers.chat.publish import SEND_LUA
-from workers.runtime import LoopRunner, runner
 from workers.chat.usage import UsageBatcher
+from workers.resources import WorkerContext
+from workers.runtime import LoopRunner, runner
 
 log = logging.getLogger(__name__)
 

@@ -18,18 +18,18 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
-from workers.engines.base import Engine
-from workers.engines.factory import make_model_engine
 from shared.keys import BULK_QUEUE, CHAT_QUEUE, Keys
 from shared.modeltable import ModelSpec, ModelTable, model_table
 from shared.redis.pipe import PipeScript, RedisPipe
 from shared.settings import Settings
 from shared.tasks import UsageRecord
-from workers.workerstatus import WorkerStatus
+from workers.bulk.sweep import UsageSweeper
 from workers.chat.failover import JobLeases
 from workers.chat.load import WorkerLoad
 from workers.chat.orphans import GatewayWatch
-from workers.bulk.sweep import UsageSweeper
+from workers.engines.base import Engine
+from workers.engines.factory import make_model_engine
+from workers.workerstatus import WorkerStatus
 
 log = logging.getLogger(__name__)
 

@@ -14,16 +14,16 @@ from typing import Any
 
 from sqlalchemy import or_, select, update
 
-from workers.conversation import StoredMessage, summary_prompt
 from shared.db.models import Conversation, MessageRow
-from workers.engines.base import EngineRequest
 from shared.keys import SUMMARIZE_TASK
 from shared.modeltable import ModelSpec, ModelTable
 from shared.settings import Settings
 from workers.app import app
-from workers.resources import WorkerContext
 from workers.bulk.db import database
+from workers.conversation import StoredMessage, summary_prompt
+from workers.engines.base import EngineRequest
 from workers.lifecycle import lifecycle
+from workers.resources import WorkerContext
 from workers.runtime import runner
 
 log = logging.getLogger(__name__)

@@ -8,8 +8,8 @@ engine, no Celery, no retrieval: what is left to measure is the gateway's relay.
 
 The answer has `max_tokens` tokens (the chat frame's), sent at `--token-rate` tokens/s per
 stream, `--tokens-per-frame` tokens per chunk (a fraction spreads them: 1.5 sends 1, 2, 1,
-2, ...). The relay bench (`firsttoken.bench.relaythroughput`) overrides both per load point through the
-hash at :func:`config_key`, read every 0.25 s.
+2, ...). The relay bench (`firsttoken.bench.relaythroughput`) overrides both per load point
+through the hash at :func:`config_key`, read every 0.25 s.
 
 Cheap by construction: one scheduler per process sends every chunk that is due across all of
 its jobs in one socket write per tick, as hand-packed RESP on a connection

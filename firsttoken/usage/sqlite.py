@@ -16,7 +16,6 @@ from typing import Any
 from sqlalchemy import ColumnElement, Float, Integer, and_, cast, func, literal, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from shared.db.models import UsageEvent
 from firsttoken.usage.groups import (
     ERROR_STATUSES,
     LOOKUP_TIERS,
@@ -28,6 +27,7 @@ from firsttoken.usage.groups import (
     sort_groups,
     to_group,
 )
+from shared.db.models import UsageEvent
 
 
 def _group_column(by: GroupBy) -> ColumnElement[Any]:

@@ -224,8 +224,8 @@ class Stack:
 
 
 def _migrate_and_key(database_url: str) -> str:
-    from shared.db.apikeys import provision_key
     from firsttoken.migrate import upgrade
+    from shared.db.apikeys import provision_key
 
     upgrade(database_url)
     return asyncio.run(provision_key(database_url, f"t-{uuid.uuid4().hex[:6]}"))

@@ -14,8 +14,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from shared.db.apikeys import create_tenant_and_key, hash_key, lookup_key, revoke_key
 from firsttoken.migrate import upgrade, upgrade_engine
+from shared.db.apikeys import create_tenant_and_key, hash_key, lookup_key, revoke_key
 from shared.db.models import Base, Conversation, MessageRow, UsageEvent
 from shared.db.session import make_engine, make_sessionmaker, ping
 from shared.db.writes import from_unix, insert_messages, insert_usage

@@ -9,15 +9,15 @@ from contextlib import aclosing
 
 import pytest
 
-from workers.engines.base import Delta, EngineRequest
-from workers.engines.factory import make_engine
-from workers.engines.openai_engine import OpenAIEngine
-from workers.engines.sim import SimOptions, count_prompt_tokens, plan_answer
 from shared.errors import EngineError
 from shared.protocol import Message
 from shared.settings import load_settings
 from tests.integration.simserver import metrics, wait_metrics
 from tests.support import free_port
+from workers.engines.base import Delta, EngineRequest
+from workers.engines.factory import make_engine
+from workers.engines.openai_engine import OpenAIEngine
+from workers.engines.sim import SimOptions, count_prompt_tokens, plan_answer
 
 pytestmark = pytest.mark.integration
 

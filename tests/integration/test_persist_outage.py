@@ -20,8 +20,8 @@ import pytest
 import redis
 from sqlalchemy import make_url, text
 
-from firsttoken.procs import Child
 from firsttoken.migrate import upgrade
+from firsttoken.procs import Child
 from shared.db.session import make_engine
 from shared.keys import BULK_QUEUE, PERSIST_MESSAGES_TASK, PERSIST_USAGE_TASK, Keys
 from shared.tasks import task_message

@@ -15,9 +15,9 @@ import websockets
 
 from firsttoken.keyscli import create_key
 from gateway.ratelimit import Enqueue, RateLimiter
+from gateway.rates import Limits
 from shared.errors import Overloaded, RateLimited, Unauthorized
 from shared.keys import Keys
-from gateway.rates import Limits
 from shared.redis.pipe import RedisPipe
 from shared.settings import Settings, load_settings
 from tests.integration.conftest import Services, Stack, make_stack

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from workers.retrieval.gather import Query, gather_sources
 from tests.integration.conftest import Services, Stack
 from tests.integration.issue5 import ask, client, issue5_stack, new_tenant
+from workers.retrieval.gather import Query, gather_sources
 
 pytestmark = pytest.mark.integration
 

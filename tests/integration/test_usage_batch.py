@@ -19,8 +19,8 @@ from shared.keys import PERSIST_USAGE_BATCH_TASK, Keys
 from shared.redis.pipe import RedisPipe
 from shared.tasks import UsageRecord, parse_task_message
 from tests.integration.conftest import Services
-from workers.chat.usage import UsageBatcher
 from workers.bulk.sweep import UsageSweeper
+from workers.chat.usage import UsageBatcher
 
 Queue = tuple[aioredis.Redis, str, RedisPipe, Keys]
 

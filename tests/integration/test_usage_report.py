@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from firsttoken.migrate import upgrade
-from shared.db.session import make_engine, make_sessionmaker
 from firsttoken.usage.groups import GROUP_BY, GroupBy, UsageGroup, percentile_cont
 from firsttoken.usage.report import usage_report
+from shared.db.session import make_engine, make_sessionmaker
 from shared.db.writes import insert_usage_rows
 from shared.tasks import UsageRecord
 from tests.support import child_env, postgres_available, postgres_database, python_cmd
@@ -171,8 +171,8 @@ async def test_postgres_report_on_bare_asyncpg_is_the_engines_and_sets_nothing_a
     import asyncpg
     from sqlalchemy import text
 
-    from firsttoken.usagecli import asyncpg_dsn
     from firsttoken.usage.report import postgres_report
+    from firsttoken.usagecli import asyncpg_dsn
 
     dsn = asyncpg_dsn(database_url)
     assert dsn is not None

@@ -15,8 +15,8 @@ import redis.asyncio as aioredis
 from shared.keys import Keys
 from shared.settings import get_settings
 from tests.integration.conftest import Services
-from workers.resources import WorkerContext
 from workers.lifecycle import WorkerLifecycle
+from workers.resources import WorkerContext
 from workers.runtime import LoopRunner
 
 

@@ -249,12 +249,12 @@ def test_every_cycle_of_one_component_is_listed(tmp_path: Path) -> None:
         tmp_path,
         {
             "workers/__init__.py": "",
-            "workers/resources.py": "import workers.chat.record\nimport workers.stage\n",
-            "workers/chat/record.py": "import workers.resources\n",
-            "workers/stage.py": "import workers.resources\n",
+            "workers/context.py": "import workers.record\nimport workers.stage\n",
+            "workers/record.py": "import workers.context\n",
+            "workers/stage.py": "import workers.context\n",
         },
     )
     assert cycles(import_graph(modules)) == [
-        ("workers.resources", "workers.chat.record"),
-        ("workers.resources", "workers.stage"),
+        ("workers.context", "workers.record"),
+        ("workers.context", "workers.stage"),
     ]

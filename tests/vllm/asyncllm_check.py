@@ -16,10 +16,10 @@ import sys
 import time
 from typing import Any
 
-from workers.engines.base import EngineRequest
-from workers.engines.vllm_engine import VLLMEngine
 from shared.protocol import Message
 from shared.settings import load_settings
+from workers.engines.base import EngineRequest
+from workers.engines.vllm_engine import VLLMEngine
 
 
 def _unfinished(engine: VLLMEngine) -> int:

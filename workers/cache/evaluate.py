@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from shared.protocol import Message
 from workers.cache.policy import Candidate, Policy, Query, judge
 from workers.embeddings.base import Embedder
-from shared.protocol import Message
 
 Mode = Literal["guarded", "cosine", "last_message"]
 

@@ -11,6 +11,7 @@ from functools import cached_property
 
 import numpy as np
 
+from shared.protocol import Message
 from workers.cache.guards import Features, disagreement, features
 from workers.cache.normalize import (
     Turn,
@@ -22,7 +23,6 @@ from workers.cache.normalize import (
 )
 from workers.cache.verify import MAX_RAISE, shape, verified_score
 from workers.cache.verify import NAME as VERIFIER
-from shared.protocol import Message
 
 
 @dataclass(frozen=True, slots=True)

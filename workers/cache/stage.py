@@ -17,6 +17,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from shared.metrics import recorder
+from shared.protocol import done_chunk
+from shared.settings import Settings
+from shared.tasks import ChatJob
 from workers.cache.calibrated import CALIBRATION
 from workers.cache.calibration import choose, threshold_for
 from workers.cache.index import Vector
@@ -24,14 +28,10 @@ from workers.cache.policy import Policy, Query, judge, servable, storable
 from workers.cache.store import CacheStore, NewEntry, StoredAnswer
 from workers.cache.verify import NAME as VERIFIER
 from workers.cache.verify import dictionary, table_key
+from workers.chat.publish import JobPublisher
 from workers.embeddings.base import Embedder
 from workers.embeddings.factory import make_embedder
-from shared.metrics import recorder
-from shared.protocol import done_chunk
-from shared.settings import Settings
-from shared.tasks import ChatJob
 from workers.resources import WorkerContext
-from workers.chat.publish import JobPublisher
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 
+from shared.keys import Keys
 from workers.cache.index import CacheIndex, Vector
 from workers.cache.policy import Candidate
-from shared.keys import Keys
 
 log = logging.getLogger(__name__)
 

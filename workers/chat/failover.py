@@ -19,11 +19,11 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
-from shared.failover import Takeover, lost_workers, plan_takeover
 from shared.keys import CHAT_QUEUE, Keys
 from shared.redis.pipe import RedisPipe
 from shared.settings import Settings
 from shared.tasks import ChatJob
+from workers.chat.takeover import Takeover, lost_workers, plan_takeover
 
 log = logging.getLogger(__name__)
 

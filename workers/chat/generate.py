@@ -27,14 +27,14 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from shared import tracing
-from workers.engines.base import Delta, Engine, EngineRequest
-from workers.engines.deadlines import EngineStalled, with_deadlines
 from shared.errors import DeadlineExceeded, EngineError, FirstTokenError
-from shared.failover import Takeover, continuation_request
 from shared.modeltable import ModelSpec, ModelTable
 from shared.protocol import CHUNK_STARTED, Failover, encode_started
 from shared.settings import Settings
 from shared.tasks import ChatJob
+from workers.chat.takeover import Takeover, continuation_request
+from workers.engines.base import Delta, Engine, EngineRequest
+from workers.engines.deadlines import EngineStalled, with_deadlines
 
 log = logging.getLogger(__name__)
 

@@ -47,13 +47,13 @@ from shared.keys import CHAT_QUEUE
 from shared.metrics import recorder
 from shared.tasks import TaskCall
 from workers.app import SHUTDOWN_GRACE_S
-from workers.chat.run import HANDLERS, start_failover, warm_chat_worker
 from workers.chat.consumer import QueueConsumer, chat_consumer
-from workers.resources import WorkerContext
 from workers.chat.deferred import deferred
-from workers.lifecycle import lifecycle
 from workers.chat.load import chat_pool_probe
 from workers.chat.prefill import HANDLERS as PREFILL_HANDLERS
+from workers.chat.run import HANDLERS, start_failover, warm_chat_worker
+from workers.lifecycle import lifecycle
+from workers.resources import WorkerContext
 
 log = logging.getLogger(__name__)
 

@@ -22,14 +22,14 @@ import logging
 import time
 
 from shared.drafts import CLEAR_RUNNING_LUA, draft_chat_job, prefill_verdict
-from workers.engines.base import EngineRequest
 from shared.keys import PREFILL_TASK
 from shared.pricing import request_cost
 from shared.tasks import ChatJob, DraftJob, TaskCall, UsageRecord
 from shared.timing import elapsed_ms
 from workers import retrieval
-from workers.resources import WorkerContext
+from workers.engines.base import EngineRequest
 from workers.lifecycle import lifecycle
+from workers.resources import WorkerContext
 from workers.usage_row import prices_of
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
-"""The end of every chat: its usage row (batched, see workers/chat/usage.py) and its text (where stored)
-handed to the bulk queue, in Redis before the chat's `done` is sent."""
+"""The end of every chat: its usage row (batched, see workers/chat/usage.py) and its text (where
+stored) handed to the bulk queue, in Redis before the chat's `done` is sent."""
 
 from __future__ import annotations
 

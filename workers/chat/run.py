@@ -23,28 +23,29 @@ from collections.abc import AsyncGenerator, Coroutine
 from typing import Any, TypeVar
 
 from shared import tracing
-from workers.cache.policy import Query
-from workers.chat.coalesce import Coalescer
-from workers.engines.base import Delta
 from shared.errors import Cancelled, DeadlineExceeded, EngineError, FirstTokenError, error_frame
-from shared.failover import Takeover
 from shared.keys import CHAT_TASK
-from workers.prompt import BuiltPrompt
 from shared.protocol import Usage, done_chunk
 from shared.tasks import ChatJob, TaskCall
-from workers import cache_stage, retrieval
+from workers import retrieval
 from workers.app import app
-from workers.cache.stage import CacheStage, Lookup
-from workers.resources import WorkerContext
 from workers.bulk.db import database
+from workers.cache import stage as cache_stage
+from workers.cache.policy import Query
+from workers.cache.stage import CacheStage, Lookup
+from workers.chat.coalesce import Coalescer
 from workers.chat.deferred import deferred
 from workers.chat.failover import LeaseKeeper
 from workers.chat.generate import Generation, job_generation
-from workers.lifecycle import lifecycle
 from workers.chat.publish import JobPublisher
 from workers.chat.record import Outcome, record
-from workers.runtime import runner
 from workers.chat.stream import TokenStream
+from workers.chat.takeover import Takeover
+from workers.engines.base import Delta
+from workers.lifecycle import lifecycle
+from workers.prompt import BuiltPrompt
+from workers.resources import WorkerContext
+from workers.runtime import runner
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

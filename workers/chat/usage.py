@@ -1,7 +1,7 @@
 """A chat worker's usage rows on their way to the bulk queue: batched, and in the usage outbox
 (shared/usage_outbox.py) before each chat's `done` is sent (issue 29). workers/chat/record.py
-builds the rows; workers/bulk/sweep.py sends on the rows whose task was lost; workers/bulk/persist.py
-takes them out of the outbox once written."""
+builds the rows; workers/bulk/sweep.py sends on the rows whose task was lost;
+workers/bulk/persist.py takes them out of the outbox once written."""
 
 from __future__ import annotations
 

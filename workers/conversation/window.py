@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from workers.prompt.tokens import TokenCounter
 from shared.protocol import Message
+from workers.prompt.tokens import TokenCounter
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,9 @@ Local models (embed_backend=onnx), by ``embed_local_model``:
 
 from __future__ import annotations
 
-from workers.embeddings.base import Embedder
 from shared.errors import ConfigError
 from shared.settings import Settings
+from workers.embeddings.base import Embedder
 
 
 def make_embedder(settings: Settings) -> Embedder:

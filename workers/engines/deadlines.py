@@ -19,8 +19,8 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 
-from workers.engines.base import Delta
 from shared.errors import DeadlineExceeded, EngineError
+from workers.engines.base import Delta
 
 
 class FirstTokenTimeout(DeadlineExceeded):

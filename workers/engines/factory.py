@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workers.engines.base import Engine
 from shared.settings import Settings
+from workers.engines.base import Engine
 
 if TYPE_CHECKING:
     from shared.modeltable import ModelSpec

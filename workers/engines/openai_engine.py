@@ -43,10 +43,10 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from workers.engines.base import Delta, EngineRequest, EngineStats, trace_header_lines
-from workers.engines.httpstream import HTTPStreamPool, StreamedResponse
 from shared.errors import ConfigError, EngineError
 from shared.settings import Settings
+from workers.engines.base import Delta, EngineRequest, EngineStats, trace_header_lines
+from workers.engines.httpstream import HTTPStreamPool, StreamedResponse
 
 # A refused connection is answered in microseconds; a restarting server needs a moment. The
 # first-token deadline bounds the total either way.

@@ -43,6 +43,8 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from shared.protocol import Message
+from shared.settings import Settings
 from workers.engines.base import Delta, EngineRequest, EngineStats
 from workers.engines.prefixcache import (
     BLOCK_TOKENS,
@@ -51,8 +53,6 @@ from workers.engines.prefixcache import (
     prefilled_tokens,
     prompt_token_words,
 )
-from shared.protocol import Message
-from shared.settings import Settings
 
 ITL_SLOWDOWN_PER_SEQ = 0.002
 # Each message costs a few tokens of chat-template framing (role markers, separators).

@@ -18,10 +18,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import Any
 
-from workers.engines.base import Delta, EngineRequest, EngineStats, trace_headers
 from shared.errors import ConfigError, EngineError
 from shared.protocol import Message
 from shared.settings import Settings
+from workers.engines.base import Delta, EngineRequest, EngineStats, trace_headers
 
 
 class VLLMEngine:

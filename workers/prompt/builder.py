@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.errors import InvalidRequest
+from shared.protocol import Message
 from workers.prompt.template import Template, system_text
 from workers.prompt.tokens import TokenCounter
-from shared.protocol import Message
 
 
 @dataclass(frozen=True, slots=True)

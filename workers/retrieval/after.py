@@ -9,11 +9,11 @@ import time
 from typing import Any
 
 from shared.keys import SUMMARIZE_QUEUE, SUMMARIZE_TASK
-from workers.retrieval.gather import summarize_results
 from shared.tasks import ChatJob, task_message
-from workers.resources import WorkerContext
 from workers.bulk.db import database
+from workers.resources import WorkerContext
 from workers.retrieval.assembly import Prepared
+from workers.retrieval.gather import summarize_results
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from workers.conversation import Window, WindowRules, select_window
 from shared.errors import ConfigError, InvalidRequest
 from shared.modeltable import ModelTable
+from shared.protocol import AUTO_MODEL
+from shared.settings import Settings
+from shared.tasks import ChatJob
+from workers.conversation import Window, WindowRules, select_window
 from workers.prompt import (
     Budget,
     BuiltPrompt,
@@ -30,7 +33,7 @@ from workers.prompt import (
     counter_for,
     parse_templates,
 )
-from shared.protocol import AUTO_MODEL
+from workers.resources import WorkerContext
 from workers.retrieval.gather import (
     Query,
     Source,
@@ -39,11 +42,8 @@ from workers.retrieval.gather import (
     run_source,
     summarize_results,
 )
-from workers.routing import DEFAULT_REASONING_CUES, Decision, RoutingRules, decide
-from shared.settings import Settings
-from shared.tasks import ChatJob
-from workers.resources import WorkerContext
 from workers.retrieval.sources import ConversationState, sources_for
+from workers.routing import DEFAULT_REASONING_CUES, Decision, RoutingRules, decide
 
 log = logging.getLogger(__name__)
 

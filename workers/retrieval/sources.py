@@ -1,7 +1,8 @@
 """The retrieval sources: what a chat's prompt is built from, each read under its own deadline.
 
-Each source is a :class:`workers.retrieval.gather.Source` (``workers.retrieval.gather`` is the pure gather logic:
-deadlines, results, the summary; this module is the I/O behind it: database, Redis, embedder):
+Each source is a :class:`workers.retrieval.gather.Source` (that module is the pure gather
+logic: deadlines, results, the summary; this module is the I/O behind it:
+database, Redis, embedder):
 
 - ``user``: the tenant's prompt template row (``tenant_prompts``);
 - ``conversation``: the conversation's summary and unsummarised messages; it also checks that
@@ -27,18 +28,18 @@ from typing import Any
 
 from sqlalchemy import select
 
-from workers.conversation import StoredMessage
 from shared.db.models import Conversation, MessageRow, TenantPrompt
+from shared.settings import Settings
+from shared.tasks import ChatJob
+from workers.bulk.db import database
+from workers.conversation import StoredMessage
 from workers.embeddings.base import Embedder
 from workers.kb.index import KbIndexes
 from workers.kb.store import kb_version, load_chunks
 from workers.prompt import ContextChunk
 from workers.refreshing import RefreshingCache
-from workers.retrieval.gather import Query, Source
-from shared.settings import Settings
-from shared.tasks import ChatJob
 from workers.resources import WorkerContext
-from workers.bulk.db import database
+from workers.retrieval.gather import Query, Source
 
 # Tenant-level rows (prompt overrides, the knowledge base's version) change rarely but would
 # cost a database round trip on every chat: each worker process trusts them this long, so an

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from firsttoken.cachecli import setting_env
+from shared.protocol import Message
+from tests.support import child_env
 from workers.cache.evaluate import (
     Pair,
     PairSet,
@@ -28,8 +30,6 @@ from workers.cache.evaluate import (
     set_files,
     set_report,
 )
-from shared.protocol import Message
-from tests.support import child_env
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "tests" / "data"

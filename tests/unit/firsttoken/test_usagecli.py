@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from firsttoken.usage.groups import UsageGroup, interpolate, percentile_cont
+from firsttoken.usage.report import postgres_sql
 from firsttoken.usagecli import (
     PG_CONNECT_TIMEOUT_S,
     UsageError,
@@ -21,8 +23,6 @@ from firsttoken.usagecli import (
     plot,
     render,
 )
-from firsttoken.usage.groups import UsageGroup, interpolate, percentile_cont
-from firsttoken.usage.report import postgres_sql
 
 GROUP = UsageGroup(
     group="t-a",

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from gateway.admit import Admitted, admit_chat, check_new_chat
-from shared.errors import InvalidRequest, Overloaded
 from gateway.rates import Limits, estimate_prompt_tokens
+from shared.errors import InvalidRequest, Overloaded
 from shared.modeltable import parse_models
 from shared.protocol import ChatFrame
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from shared.settings import Settings
 from workers.cache.calibrated import CALIBRATION
 from workers.cache.calibration import STRICTEST, Point, choose, threshold_for, upper_bound
 from workers.cache.verify import table_key
 from workers.embeddings.factory import make_embedder
-from shared.settings import Settings
 
 
 def test_upper_bound_matches_known_clopper_pearson_values() -> None:

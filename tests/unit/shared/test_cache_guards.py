@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from shared.protocol import Message
 from workers.cache.guards import disagreement, features
 from workers.cache.normalize import canonical, exact_key, normalize, split_turn
 from workers.cache.policy import Candidate, Policy, Query, judge
-from shared.protocol import Message
 
 
 def _differ(a: str, b: str) -> str | None:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from shared.protocol import Message
+from shared.settings import Settings
 from workers.cache.calibrated import CALIBRATION
 from workers.cache.policy import Candidate, Policy, Query, judge
+from workers.cache.stage import policy_from
 from workers.cache.verify import (
     MAX_RAISE,
     MAX_TOKENS,
@@ -15,9 +18,6 @@ from workers.cache.verify import (
     table_key,
     verified_score,
 )
-from shared.protocol import Message
-from shared.settings import Settings
-from workers.cache.stage import policy_from
 
 
 def test_content_tokens_drop_stop_words_and_fold_plurals() -> None:

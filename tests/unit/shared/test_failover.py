@@ -10,17 +10,7 @@ from contextlib import aclosing
 import pytest
 
 from firsttoken.simserver import _BadRequest, parse_chat_request
-from workers.engines.base import EngineRequest
-from workers.engines.sim import SimEngine, SimOptions, plan_answer, plan_continuation
-from shared.failover import (
-    TAKEOVER_GRACE_S,
-    continuation_request,
-    delivered_tokens,
-    lost_workers,
-    owner_verdict,
-    plan_takeover,
-    started_worker,
-)
+from shared.failover import TAKEOVER_GRACE_S, delivered_tokens, owner_verdict, started_worker
 from shared.protocol import (
     CHUNK_DONE,
     CHUNK_ERROR,
@@ -33,6 +23,9 @@ from shared.protocol import (
     encode_started,
     encode_token,
 )
+from workers.chat.takeover import continuation_request, lost_workers, plan_takeover
+from workers.engines.base import EngineRequest
+from workers.engines.sim import SimEngine, SimOptions, plan_answer, plan_continuation
 
 
 def token(seq: int, text: str, tokens: int | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from shared.protocol import Message
 from workers.engines.base import Delta, EngineRequest
 from workers.engines.prefixcache import (
     BLOCK_TOKENS,
@@ -14,7 +15,6 @@ from workers.engines.prefixcache import (
     prompt_token_words,
 )
 from workers.engines.sim import SimEngine, SimOptions, count_prompt_tokens
-from shared.protocol import Message
 
 
 def words(n: int, tag: str = "w") -> list[str]:

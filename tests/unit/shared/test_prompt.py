@@ -7,6 +7,7 @@ import random
 import pytest
 
 from shared.errors import InvalidRequest
+from shared.protocol import Message
 from workers.prompt import (
     Budget,
     ContextChunk,
@@ -18,7 +19,6 @@ from workers.prompt import (
     parse_templates,
 )
 from workers.prompt.tokens import TokenCounter
-from shared.protocol import Message
 
 COUNTER = counter_for(None)
 EN = "The quarterly report shows revenue grew by twelve percent while costs stayed flat. "

@@ -10,6 +10,9 @@ from typing import Any
 
 import pytest
 
+from shared.errors import ConfigError
+from shared.protocol import Message
+from shared.settings import load_settings
 from workers.engines.base import Delta, EngineRequest
 from workers.engines.factory import make_engine
 from workers.engines.sim import (
@@ -20,9 +23,6 @@ from workers.engines.sim import (
     on_step,
     plan_answer,
 )
-from shared.errors import ConfigError
-from shared.protocol import Message
-from shared.settings import load_settings
 
 FAST = SimOptions(ttft_ms=1, itl_ms=0, max_tokens=16)
 

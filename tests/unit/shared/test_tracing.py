@@ -10,7 +10,6 @@ import sys
 import pytest
 
 from shared import tracing
-from workers.engines.base import EngineRequest, trace_header_lines, trace_headers
 from shared.errors import InvalidRequest
 from shared.protocol import ChatFrame, Message, parse_client_frame
 from shared.tasks import ChatJob
@@ -22,6 +21,7 @@ from shared.tracing.context import (
     parse_traceparent,
     valid_tracestate,
 )
+from workers.engines.base import EngineRequest, trace_header_lines, trace_headers
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN_ID = "00f067aa0ba902b7"

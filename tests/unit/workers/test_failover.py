@@ -6,13 +6,13 @@ import time
 
 import pytest
 
-from workers.engines.base import Delta, Engine, EngineRequest
-from workers.engines.deadlines import EngineStalled, FirstTokenTimeout
-from workers.engines.sim import SimEngine, SimOptions
 from shared.errors import DeadlineExceeded, EngineError, InvalidRequest
 from shared.modeltable import ModelSpec, parse_models
 from shared.protocol import Message
 from workers.chat.generate import Failure, Generation, final_error, from_model, next_step
+from workers.engines.base import Delta, Engine, EngineRequest
+from workers.engines.deadlines import EngineStalled, FirstTokenTimeout
+from workers.engines.sim import SimEngine, SimOptions
 
 # --- pure decisions ---------------------------------------------------------------------------
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from workers.conversation import StoredMessage
 from shared.errors import InvalidRequest
 from shared.modeltable import parse_models
-from workers.prompt import ContextChunk
-from workers.retrieval.gather import SourceResult
 from shared.settings import load_settings
 from shared.tasks import ChatJob
 from workers import retrieval
+from workers.conversation import StoredMessage
+from workers.prompt import ContextChunk
+from workers.retrieval.gather import SourceResult
 from workers.retrieval.sources import ConversationState
 
 MODELS = parse_models(

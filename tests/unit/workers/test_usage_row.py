@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from workers.engines.openai_engine import _cached_tokens
 from shared.modeltable import parse_models
 from shared.protocol import Message
 from shared.tasks import ChatJob
 from workers.chat.record import Outcome
+from workers.engines.openai_engine import _cached_tokens
 from workers.usage_row import analytics_fields
 
 TABLE = parse_models(
