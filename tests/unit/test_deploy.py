@@ -237,3 +237,26 @@ def test_every_keda_query_evaluates_to_a_number_busy_idle_or_without_series(
     path.write_text(yaml.safe_dump({"evaluation_interval": "1m", "tests": tests}))
     proc = promtool("test", "rules", str(path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _redis_commands(compose: Path) -> dict[str, list[str]]:
+    services = yaml.safe_load(compose.read_text())["services"]
+    return {
+        name: [str(part) for part in svc["command"]]
+        for name, svc in services.items()
+        if str(svc.get("image", "")).startswith("redis:")
+        and "redis-server" in svc.get("command", [])
+    }
+
+
+@pytest.mark.parametrize("compose", ["docker-compose.yml", "docker-compose.cluster.yml"])
+def test_every_shipped_redis_keeps_an_append_only_file_synced_every_second(compose: str) -> None:
+    """The usage outbox, the queues and the replay logs survive a Redis restart only in an
+    append-only file (docs/operations.md): every redis-server the compose files ship has one."""
+    commands = _redis_commands(ROOT / compose)
+    assert commands, f"no redis-server in {compose}"
+    for name, command in commands.items():
+        # An option's value is the word after it (--replicaof takes two: no pairing by position).
+        options = {word: command[i + 1] for i, word in enumerate(command[:-1]) if word[:2] == "--"}
+        assert options.get("--appendonly") == "yes", (compose, name, command)
+        assert options.get("--appendfsync") == "everysec", (compose, name, command)
