@@ -72,6 +72,9 @@ def admit_chat(
         )
     if frame.messages[-1].role != "user":
         raise InvalidRequest("the last message must have role 'user'")
+    if not frame.messages[-1].content.strip():
+        # Nothing to answer: an engine would still be paid to make something up (issue 42).
+        raise InvalidRequest("the last user message is empty; send a question")
     # Unknown models are refused here, before anything is enqueued (the error lists the known
     # ones); "auto" is routed by the worker once the prompt is built (workers/routing.py).
     if frame.model != AUTO_MODEL:

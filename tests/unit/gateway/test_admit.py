@@ -143,3 +143,17 @@ def test_the_first_broken_rule_is_the_one_reported() -> None:
         admit(chat(max_tokens=5000, model="huge"), running=("c1",))
     with pytest.raises(InvalidRequest, match="max_tokens 5000"):
         admit(chat(max_tokens=5000, model="huge"))
+
+
+@pytest.mark.parametrize("blank", ["", "   ", "\n\t ", "\u3000"])
+def test_a_blank_last_user_message_is_refused_before_anything_is_enqueued(blank: str) -> None:
+    frame = chat(
+        messages=[{"role": "user", "content": "earlier"}, {"role": "user", "content": blank}]
+    )
+    with pytest.raises(InvalidRequest, match="the last user message is empty"):
+        admit(frame)
+
+
+def test_a_question_after_blank_earlier_messages_is_admitted() -> None:
+    frame = chat(messages=[{"role": "system", "content": " "}, {"role": "user", "content": "hi"}])
+    assert admit(frame).max_tokens == 100
