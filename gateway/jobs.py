@@ -82,6 +82,8 @@ class SessionHost(Protocol):
 
     async def chat_workers_alive(self) -> bool: ...
 
+    def chat_workers_gone(self, now: float) -> bool: ...
+
     async def cancel_job(self, job_id: str) -> None: ...
 
     async def follow_elsewhere(self, job_id: str) -> None: ...
@@ -204,7 +206,7 @@ class JobOwner:
             # A worker starting (or back after a Redis outage) is counted within a heartbeat.
             raise Overloaded(
                 "no chat worker is running; start one with `firsttoken worker --queues chat`",
-                retry_after_ms=max(1000, int(settings.worker_heartbeat_s * 1000)),
+                retry_after_ms=self._no_worker_retry_ms(),
             )
         # From here on a refusal (the limiter's) is on the admission span; one before (the
         # frame's rules, no worker) has no span.
@@ -402,12 +404,23 @@ class JobOwner:
         if not state.started:
             if job.message is not None and now >= job.requeue_at:
                 self._requeue_if_lost(job, job.message)
-            if now < job.deadline_at:
+            if now >= job.deadline_at:
+                exc = DeadlineExceeded(
+                    "no chat worker picked the chat up within "
+                    f"{self.gw.settings.queue_deadline_s:g}s; the service is overloaded, "
+                    "retry later"
+                )
+            elif self.gw.chat_workers_gone(now):
+                # Queued when the last worker died (or just before its death was seen): no one
+                # will pick it up before its deadline, so say so now (issue 42). Cancelled
+                # below, a worker started later drops it.
+                exc = Overloaded(
+                    "no chat worker is alive to answer this chat; retry later or start one "
+                    "with `firsttoken worker --queues chat`",
+                    retry_after_ms=self._no_worker_retry_ms(),
+                )
+            else:
                 return
-            exc = DeadlineExceeded(
-                f"no chat worker picked the chat up within {self.gw.settings.queue_deadline_s:g}s;"
-                " the service is overloaded, retry later"
-            )
         else:
             settings = self.gw.settings
             idle = settings.stream_idle_timeout_s
@@ -442,6 +455,10 @@ class JobOwner:
         self.send_error(state.chat_id, exc)
         # Not ended: the job is cancelled, so a worker that claims it late drops it.
         self.gw.spawn(self.stop_job(job, ended=False))
+
+    def _no_worker_retry_ms(self) -> int:
+        # A worker starting now is counted within a heartbeat.
+        return max(1000, int(self.gw.settings.worker_heartbeat_s * 1000))
 
     def _requeue_if_lost(self, job: Job, message: str) -> None:
         gw = self.gw

@@ -171,7 +171,10 @@ class Gateway:
 
     async def _count_chat_workers(self) -> None:
         now = time.time()
-        horizon = now - 3 * self.settings.worker_heartbeat_s
+        # Alive as the watchdog sees it (shared/failover.py): a beat within `worker_lost_s`.
+        # Three beats (3 s by default) kept a killed worker counted a second longer than
+        # the watchdog, and the chats it accepted then waited out the queue deadline.
+        horizon = now - self.settings.worker_lost_s
         # The whole set (one entry per chat worker: small), not a count: the watchdog needs
         # each worker's beat.
         beats: list[tuple[str, float]] = await self.redis.zrange(  # type: ignore[assignment]
@@ -192,6 +195,14 @@ class Gateway:
 
     async def chat_workers_alive(self) -> bool:
         return await self.chat_workers() > 0
+
+    def chat_workers_gone(self, now: float) -> bool:
+        """Whether no chat worker is alive, as the background count (no round trip) says:
+        a count taken within the last heartbeat interval, beats that can be trusted (not
+        right after a Redis outage), and none of them fresh. A worker just started may beat
+        after the count: it is counted within half an interval."""
+        fresh = now - self._workers_checked < self.settings.worker_heartbeat_s
+        return fresh and self._workers_alive == 0 and self.beats_trusted(now)
 
     async def follow_elsewhere(self, job_id: str) -> None:
         """Record that this process follows a job (a resume; the admission script records the
