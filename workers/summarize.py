@@ -19,7 +19,7 @@ from shared.keys import SUMMARIZE_TASK
 from shared.modeltable import ModelSpec, ModelTable
 from shared.settings import Settings
 from workers.app import app
-from workers.bulk.db import database
+from workers.db import database
 from workers.conversation import StoredMessage, summary_prompt
 from workers.engines.base import EngineRequest
 from workers.lifecycle import lifecycle

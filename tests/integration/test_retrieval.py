@@ -88,7 +88,7 @@ async def test_start_up_compiles_every_source_query(
     from sqlalchemy import event
     from sqlalchemy.engine.default import CACHE_HIT
 
-    from workers.bulk.db import Database
+    from workers.db import Database
     from workers.retrieval import sources
 
     db = Database(services.database_url)

@@ -13,12 +13,10 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from shared.metrics import recorder
-from shared.protocol import done_chunk
 from shared.settings import Settings
 from shared.tasks import ChatJob
 from workers.cache.calibrated import CALIBRATION
@@ -179,16 +177,11 @@ class CacheStage:
         return result
 
     def replay(
-        self,
-        job: ChatJob,
-        publisher: JobPublisher,
-        model: str,
-        hit: StoredAnswer,
-        points: dict[str, float],
-        before_done: Callable[[], None] | None = None,
+        self, job: ChatJob, publisher: JobPublisher, hit: StoredAnswer, points: dict[str, float]
     ) -> None:
-        """Stream the stored answer as ordinary token chunks, then `done` with cached=true
-        (`before_done` runs between the two: the chat's usage row goes ahead of its `done`)."""
+        """Stream the stored answer as ordinary token chunks. The chat's end (its usage row,
+        then `done` with cached=true) is the chat's own, as for every other ending
+        (workers/chat/run.py `_end`)."""
         size = self.settings.cache_replay_chars
         text = hit.answer
         for start in range(0, len(text), size):
@@ -196,19 +189,6 @@ class CacheStage:
             if start == 0:
                 points["first_chunk_published"] = time.time()
         points["finished"] = time.time()
-        if before_done is not None:
-            before_done()
-        publisher.done(
-            done_chunk(
-                job.chat_id,
-                cached=True,
-                model=model,
-                finish_reason="stop",
-                usage={"prompt_tokens": 0, "completion_tokens": hit.completion_tokens},
-                chunks=publisher.next_seq,
-                points=points,
-            )
-        )
         self._background(self.store.touch(job.tenant_id, hit.entry_id))
 
     def remember(

@@ -20,16 +20,23 @@ import functools
 import logging
 import time
 from collections.abc import AsyncGenerator, Coroutine
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from shared import tracing
-from shared.errors import Cancelled, DeadlineExceeded, EngineError, FirstTokenError, error_frame
+from shared.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    EngineError,
+    ErrorFrame,
+    FirstTokenError,
+    error_frame,
+)
 from shared.keys import CHAT_TASK
-from shared.protocol import Usage, done_chunk
+from shared.protocol import DoneChunk, Usage, done_chunk
 from shared.tasks import ChatJob, TaskCall
 from workers import retrieval
 from workers.app import app
-from workers.bulk.db import database
+from workers.db import database
 from workers.cache import stage as cache_stage
 from workers.cache.policy import Query
 from workers.cache.stage import CacheStage, Lookup
@@ -380,15 +387,9 @@ class ChatRun:
             cached=True,
             cache_tier=self.lookup.tier,
         )
-        # The usage row goes on the pipe ahead of the `done` (workers/chat/record.py).
-        self.cache.replay(
-            self.job,
-            self.publisher,
-            self.model,
-            hit,
-            self.points,
-            before_done=lambda: record(self.ctx, self.job, self.points, outcome),
-        )
+        self.cache.replay(self.job, self.publisher, hit, self.points)
+        usage: Usage = {"prompt_tokens": 0, "completion_tokens": hit.completion_tokens}
+        self._end(outcome, self._done(cached=True, finish_reason="stop", usage=usage))
         return True
 
     async def _generate(
@@ -461,24 +462,18 @@ class ChatRun:
         await retrieval.after_answer(self.ctx, self.job, prepared, answer, self.model)
         conversation = prepared.job.conversation_id if prepared.conversation_ok else None
         route = prepared.decision.route if prepared.decision is not None else "default"
-        # The usage row goes on the pipe ahead of the `done` (workers/chat/record.py).
-        record(
-            self.ctx,
-            self.job,
-            points,
-            Outcome(
-                self.model,
-                finish_reason,
-                "ok",
-                # The usage row bills what the engine says it processed, when it says.
-                self.prompt_tokens if engine_prompt_tokens is None else engine_prompt_tokens,
-                self.completion_tokens,
-                answer,
-                conversation_id=conversation,
-                route=route,
-                cache_tier=self.lookup.tier,
-                cached_prompt_tokens=self.cached_prompt_tokens,
-            ),
+        outcome = Outcome(
+            self.model,
+            finish_reason,
+            "ok",
+            # The usage row bills what the engine says it processed, when it says.
+            self.prompt_tokens if engine_prompt_tokens is None else engine_prompt_tokens,
+            self.completion_tokens,
+            answer,
+            conversation_id=conversation,
+            route=route,
+            cache_tier=self.lookup.tier,
+            cached_prompt_tokens=self.cached_prompt_tokens,
         )
         usage: Usage = {
             "prompt_tokens": self.prompt_tokens,
@@ -489,18 +484,8 @@ class ChatRun:
             usage["engine_prompt_tokens"] = engine_prompt_tokens
         if self.cached_prompt_tokens is not None:
             usage["cached_prompt_tokens"] = self.cached_prompt_tokens
-        self.publisher.done(
-            done_chunk(
-                self.job.chat_id,
-                cached=False,
-                model=self.model,
-                finish_reason=finish_reason,
-                usage=usage,
-                chunks=self.publisher.next_seq,
-                points=points,
-                extras=self._done_extras(prepared),
-            )
-        )
+        extras = self._done_extras(prepared)
+        self._end(outcome, self._done(False, finish_reason, usage, extras))
         if lookup is not None and not lookup.done():
             # The engine answered before the lookup finished; its vectors are still wanted
             # to store this answer.
@@ -527,6 +512,32 @@ class ChatRun:
         return extras
 
     # --- endings --------------------------------------------------------------------------
+    def _end(self, outcome: Outcome, last: DoneChunk | ErrorFrame) -> None:
+        """The one place a chat ends, whichever way (answered, cached, cancelled, failed): its
+        usage row goes on the pipe ahead of its last chunk, which Redis then runs in order, so
+        no client sees the end of a chat whose row Redis does not hold (workers/chat/record.py).
+        A chat whose worker died ends at the gateway instead (gateway/lostchats.py)."""
+        record(self.ctx, self.job, self.points, outcome)
+        if "code" not in last:
+            self.publisher.done(last)
+            return
+        with contextlib.suppress(Exception):  # the chat is over either way
+            self.publisher.error(cast(ErrorFrame, last))
+
+    def _done(
+        self, cached: bool, finish_reason: str, usage: Usage, extras: dict[str, Any] | None = None
+    ) -> DoneChunk:
+        return done_chunk(
+            self.job.chat_id,
+            cached=cached,
+            model=self.model,
+            finish_reason=finish_reason,
+            usage=usage,
+            chunks=self.publisher.next_seq,
+            points=self.points,
+            extras=extras or {},
+        )
+
     async def _cancelled(self) -> None:
         self.stream.stop()
         if self.generation is not None:
@@ -544,10 +555,7 @@ class ChatRun:
             cache_tier=self.lookup.tier,
             cached_prompt_tokens=self.cached_prompt_tokens,
         )
-        record(self.ctx, self.job, self.points, outcome)
-        frame = error_frame(self.job.chat_id, Cancelled("the chat was cancelled"))
-        with contextlib.suppress(Exception):
-            self.publisher.error(frame)
+        self._end(outcome, error_frame(self.job.chat_id, Cancelled("the chat was cancelled")))
 
     async def _failed(self, exc: BaseException) -> None:
         if not isinstance(exc, FirstTokenError):
@@ -566,9 +574,7 @@ class ChatRun:
             cache_tier=self.lookup.tier,
             cached_prompt_tokens=self.cached_prompt_tokens,
         )
-        record(self.ctx, self.job, self.points, outcome)
-        with contextlib.suppress(Exception):
-            self.publisher.error(frame)
+        self._end(outcome, frame)
 
     def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """A helper task of this chat, cancelled when the chat ends however it ends."""

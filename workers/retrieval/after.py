@@ -10,7 +10,7 @@ from typing import Any
 
 from shared.keys import SUMMARIZE_QUEUE, SUMMARIZE_TASK
 from shared.tasks import ChatJob, task_message
-from workers.bulk.db import database
+from workers.db import database
 from workers.resources import WorkerContext
 from workers.retrieval.assembly import Prepared
 from workers.retrieval.gather import summarize_results

@@ -31,7 +31,7 @@ from sqlalchemy import select
 from shared.db.models import Conversation, MessageRow, TenantPrompt
 from shared.settings import Settings
 from shared.tasks import ChatJob
-from workers.bulk.db import database
+from workers.db import database
 from workers.conversation import StoredMessage
 from workers.embeddings.base import Embedder
 from workers.kb.index import KbIndexes
