@@ -16,7 +16,6 @@ import time
 from collections import Counter
 
 from shared.drafts import (
-    ADMIT_DRAFT_LUA,
     DRAFT_RATE_WINDOW_MS,
     draft_fingerprint,
     draft_messages,
@@ -26,6 +25,7 @@ from shared.drafts import (
 )
 from shared.keys import CHAT_QUEUE, PREFILL_TASK, Keys
 from shared.protocol import DraftFrame
+from shared.redis import scripts
 from shared.redis.pipe import RedisPipe
 from shared.settings import Settings
 from shared.tasks import DraftJob, new_id, task_message
@@ -41,7 +41,7 @@ class Drafts:
         self._keys = keys
         self._settings = settings
         self._origin = origin
-        self._admit = pipe.script(ADMIT_DRAFT_LUA)
+        self._admit = pipe.script(scripts.DRAFT_ADMIT)
         # admission -> count ("queued", "busy", "rate", "full", "dropped" here, "failed").
         self.outcomes: Counter[str] = Counter()
 

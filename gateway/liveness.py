@@ -14,6 +14,7 @@ import contextlib
 import logging
 
 from shared.keys import Keys
+from shared.redis import scripts
 from shared.redis.pipe import RedisPipe
 
 log = logging.getLogger(__name__)
@@ -21,20 +22,10 @@ log = logging.getLogger(__name__)
 # Members silent this long are dropped by the next beat (gateways that died long ago).
 FORGET_MS = 3_600_000
 
-# KEYS: the gateways set.  ARGV: this gateway's name, forget ms, [1: leave].
-BEAT_LUA = """
-if ARGV[3] then return redis.call('ZREM', KEYS[1], ARGV[1]) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
-return 1
-"""
-
 
 class GatewayBeat:
     def __init__(self, pipe: RedisPipe, keys: Keys, name: str, interval_s: float) -> None:
-        self._script = pipe.script(BEAT_LUA)
+        self._script = pipe.script(scripts.GATEWAY_BEAT)
         self._key, self._name, self._interval_s = keys.gateways, name, interval_s
         self._task: asyncio.Task[None] | None = None
 

@@ -19,9 +19,10 @@ from redis.asyncio import Redis
 from shared.failover import delivered_tokens
 from shared.keys import BULK_QUEUE, PERSIST_USAGE_BATCH_TASK, Keys
 from shared.protocol import dumps
+from shared.redis import scripts
 from shared.tasks import UsageRecord, task_message
 from shared.timing import elapsed_ms
-from shared.usage_outbox import ADD_LUA, QUEUE_LUA, UNQUEUED_GRACE_MS
+from shared.usage_outbox import UNQUEUED_GRACE_MS
 
 log = logging.getLogger(__name__)
 
@@ -63,23 +64,17 @@ async def record_lost_chat(
         message = task_message(
             PERSIST_USAGE_BATCH_TASK, {"usage": [row.model_dump()]}, queue=BULK_QUEUE, origin=origin
         )
-        await redis.eval(
-            ADD_LUA,
-            2,
-            keys.usage_rows,
-            keys.usage_due,
-            UNQUEUED_GRACE_MS,
-            row.request_id,
-            dumps(row.model_dump()),
+        await scripts.run(
+            redis,
+            scripts.USAGE_ADD,
+            [keys.usage_rows, keys.usage_due],
+            [UNQUEUED_GRACE_MS, row.request_id, dumps(row.model_dump())],
         )
-        await redis.eval(
-            QUEUE_LUA,
-            2,
-            keys.queue_list(BULK_QUEUE),
-            keys.usage_due,
-            message,
-            int(resend_after_s * 1000),
-            row.request_id,
+        await scripts.run(
+            redis,
+            scripts.USAGE_QUEUE,
+            [keys.queue_list(BULK_QUEUE), keys.usage_due],
+            [message, int(resend_after_s * 1000), row.request_id],
         )
     except Exception:  # noqa: BLE001 - the client has its error; say what was lost
         log.error("could not record the usage of %s (its worker died)", chat.job_id)

@@ -5,10 +5,11 @@ streams for its key, and the key's revocation marker) is checked and charged by 
 so they hold exactly with any number of gateway processes and cost one round trip. The clock is
 Redis's own (``TIME``), so gateways with skewed clocks still share one window.
 
-The scripts run on the gateway's Redis pipe (shared/redis/pipe.py): a burst of chats is admitted
-with one write and no pooled connection per chat. The pipe sends a call again after a lost
-connection, so each script may run twice: admission is idempotent per job (an admitted job's
-owner record is its receipt) and settlement sets an absolute amount.
+The scripts (shared/redis/scripts/rate_*.lua) run on the gateway's Redis pipe
+(shared/redis/pipe.py): a burst of chats is admitted with one write and no pooled connection
+per chat. The pipe sends a call again after a lost connection, so each script may run twice:
+admission is idempotent per job (an admitted job's owner record is its receipt) and
+settlement sets an absolute amount.
 
 The arithmetic is the reference model in ``gateway/rates.py``; this module only moves it into
 Redis. A stream slot is a lease (``stream_lease_s``) that the gateway renews while the stream
@@ -26,160 +27,15 @@ from typing import Any
 from gateway.rates import WINDOW_MS, Limits
 from shared.errors import Overloaded, RateLimited, Unauthorized
 from shared.keys import Keys
+from shared.redis import scripts
 from shared.redis.client import REDIS_RETRY_AFTER_MS
 from shared.redis.pipe import RedisPipe
 
 log = logging.getLogger(__name__)
 
 # Evictions and scans touch at most this many entries per Redis call (Lua's unpack() has a
-# stack limit of a few thousand values).
+# stack limit of a few thousand values): rate_admit's ARGV[10]; and renewals this many streams.
 _BATCH = 500
-
-# KEYS: key window, key tokens, tenant window, tenant tokens, key streams, key revoked marker,
-#       [queue list, job owner, [job followers]]
-# ARGV: request id, tokens, key rpm, key tpm, tenant rpm, tenant tpm, max streams,
-#       window ms, lease ms, [task message, owner key id, owner ttl s, [follower name]]
-# Returns {1} admitted, {0, reason, scope, retry_after_ms} refused, {-1} revoked.
-# With the optional keys, an admitted chat is also enqueued (LPUSH) and its owner recorded:
-# admission and enqueue are then one round trip, and a refused chat never reaches the queue.
-# With the followers set too, the admitting gateway is its first member (gateway/jobs.py: a
-# gateway giving the job up cancels it only when no other gateway follows it).
-# Run again for a job it already admitted (a resend after a lost connection), it returns {1}
-# and charges and enqueues nothing: the owner record says the first run admitted it.
-ADMIT_LUA = f"""
-if KEYS[8] and redis.call('EXISTS', KEYS[8]) == 1 then return {{1}} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local rid = ARGV[1]
-local need = tonumber(ARGV[2])
-local window = tonumber(ARGV[8])
-local lease = tonumber(ARGV[9])
-local horizon = now - window
-
-if redis.call('EXISTS', KEYS[6]) == 1 then return {{-1}} end
-
-local function evict(w, h)
-  while true do
-    local old = redis.call('ZRANGEBYSCORE', w, '-inf', horizon, 'LIMIT', 0, {_BATCH})
-    if #old == 0 then return end
-    local amounts = redis.call('HMGET', h, unpack(old))
-    local freed = 0
-    for i = 1, #old do freed = freed + (tonumber(amounts[i]) or 0) end
-    redis.call('ZREM', w, unpack(old))
-    redis.call('HDEL', h, unpack(old))
-    redis.call('HINCRBY', h, '=sum', -freed)
-  end
-end
-
-local function check(w, h, rpm, tpm)
-  evict(w, h)
-  if rpm > 0 then
-    local n = redis.call('ZCARD', w)
-    if n >= rpm then
-      local e = redis.call('ZRANGE', w, n - rpm, n - rpm, 'WITHSCORES')
-      return 'rpm', math.max(1, tonumber(e[2]) + window - now)
-    end
-  end
-  if tpm > 0 then
-    local used = tonumber(redis.call('HGET', h, '=sum') or '0')
-    if used + need > tpm then
-      local start = 0
-      while true do
-        local batch = redis.call('ZRANGE', w, start, start + {_BATCH} - 1, 'WITHSCORES')
-        if #batch == 0 then break end
-        local ids = {{}}
-        for i = 1, #batch, 2 do ids[#ids + 1] = batch[i] end
-        local amounts = redis.call('HMGET', h, unpack(ids))
-        for i = 1, #ids do
-          used = used - (tonumber(amounts[i]) or 0)
-          if used + need <= tpm then
-            return 'tpm', math.max(1, tonumber(batch[2 * i]) + window - now)
-          end
-        end
-        start = start + {_BATCH}
-      end
-      return 'tpm', window
-    end
-  end
-  return nil, 0
-end
-
-local key_rpm, key_tpm = tonumber(ARGV[3]), tonumber(ARGV[4])
-local ten_rpm, ten_tpm = tonumber(ARGV[5]), tonumber(ARGV[6])
-local max_streams = tonumber(ARGV[7])
-local track_key = key_rpm > 0 or key_tpm > 0
-local track_tenant = ten_rpm > 0 or ten_tpm > 0
-
-if track_key then
-  local reason, wait = check(KEYS[1], KEYS[2], key_rpm, key_tpm)
-  if reason then return {{0, reason, 'key', wait}} end
-end
-if track_tenant then
-  local reason, wait = check(KEYS[3], KEYS[4], ten_rpm, ten_tpm)
-  if reason then return {{0, reason, 'tenant', wait}} end
-end
-if max_streams > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
-  if redis.call('ZCARD', KEYS[5]) >= max_streams then
-    -- Streams end at unknown times (their leases only bound a crashed gateway's), so the
-    -- client is told to try again shortly rather than when the oldest lease would expire.
-    return {{0, 'streams', 'key', 1000}}
-  end
-end
-
-local function charge(w, h)
-  redis.call('ZADD', w, now, rid)
-  redis.call('HSET', h, rid, need)
-  redis.call('HINCRBY', h, '=sum', need)
-  redis.call('PEXPIRE', w, window + lease)
-  redis.call('PEXPIRE', h, window + lease)
-end
-if track_key then charge(KEYS[1], KEYS[2]) end
-if track_tenant then charge(KEYS[3], KEYS[4]) end
-if max_streams > 0 then
-  redis.call('ZADD', KEYS[5], now + lease, rid)
-  redis.call('PEXPIRE', KEYS[5], lease)
-end
-if KEYS[7] then
-  redis.call('SET', KEYS[8], ARGV[11], 'EX', tonumber(ARGV[12]))
-  if KEYS[9] then
-    redis.call('SADD', KEYS[9], ARGV[13])
-    redis.call('EXPIRE', KEYS[9], tonumber(ARGV[12]))
-  end
-  redis.call('LPUSH', KEYS[7], ARGV[10])
-end
-return {{1}}
-"""
-
-# KEYS: key tokens, tenant tokens, key streams.  ARGV: request id, tokens charged in the end.
-# A request already evicted from a window is no longer counted there, so it is left alone.
-# Absolute, so running it twice changes nothing.
-SETTLE_LUA = """
-local rid = ARGV[1]
-local charged = tonumber(ARGV[2])
-for i = 1, 2 do
-  local cur = redis.call('HGET', KEYS[i], rid)
-  if cur then
-    local new = math.max(0, charged)
-    redis.call('HSET', KEYS[i], rid, new)
-    redis.call('HINCRBY', KEYS[i], '=sum', new - tonumber(cur))
-  end
-end
-redis.call('ZREM', KEYS[3], rid)
-return 1
-"""
-
-# KEYS: streams sets.  ARGV: lease ms, then one job id per key.  XX: an ended stream stays ended.
-RENEW_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease = tonumber(ARGV[1])
-for i = 1, #KEYS do
-  redis.call('ZADD', KEYS[i], 'XX', now + lease, ARGV[i + 1])
-  redis.call('PEXPIRE', KEYS[i], lease)
-end
-return #KEYS
-"""
 
 _REASONS = {
     "rpm": "requests per minute",
@@ -222,9 +78,9 @@ class RateLimiter:
         self._keys = keys
         self._lease_ms = max(1000, int(lease_s * 1000))
         self._timeout_s = timeout_s
-        self._admit = pipe.script(ADMIT_LUA)
-        self._settle = pipe.script(SETTLE_LUA)
-        self._renew = pipe.script(RENEW_LUA)
+        self._admit = pipe.script(scripts.RATE_ADMIT)
+        self._settle = pipe.script(scripts.RATE_SETTLE)
+        self._renew = pipe.script(scripts.RATE_RENEW)
         self.live: dict[str, Admission] = {}  # job id -> admission holding a stream slot
         self._renewer: asyncio.Task[None] | None = None
 
@@ -269,6 +125,7 @@ class RateLimiter:
             limits.key_streams,
             WINDOW_MS,
             self._lease_ms,
+            _BATCH,
         ]
         if enqueue is not None:
             keys += [enqueue.queue_key, enqueue.owner_key]

@@ -6,10 +6,11 @@ pipe (the job's lease and `started` marker, one write) the job exists only in th
 worker killed in that window leaves no trace of the job: no lease for a survivor to take over,
 nothing queued. The gateway that admitted it still holds the task message. Once a chat has
 gone unstarted for longer than a worker is given to start it (`FIRSTTOKEN_WORKER_LOST_AFTER_S`
-and a grace), the gateway checks, in one script, that the message is no longer queued and the
-job's replay log holds nothing (no worker announced it), and pushes the same message back at
-the end the workers read next: a survivor runs it from the start, with no error to the
-client. Checked again at the same interval while the chat stays unstarted.
+and a grace), the gateway checks, in one script (shared/redis/scripts/chat_requeue.lua), that
+the message is no longer queued and the job's replay log holds nothing (no worker announced
+it), and pushes the same message back at the end the workers read next: a survivor runs it
+from the start, with no error to the client. Checked again at the same interval while the
+chat stays unstarted.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 import logging
 
 from redis.asyncio import Redis
+
+from shared.redis import scripts
 
 log = logging.getLogger(__name__)
 
@@ -27,16 +30,6 @@ REQUEUE_GRACE_S = 1.0
 # (LPOS is linear in the queue's length).
 MAX_SCAN = 1_000
 
-# KEYS: the chat queue's list, the job's replay stream.  ARGV: the task message, the longest
-# queue scanned.  Returns 1 when the message was queued again.
-REQUEUE_LUA = """
-if redis.call('LLEN', KEYS[1]) > tonumber(ARGV[2]) then return 0 end
-if redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-redis.call('RPUSH', KEYS[1], ARGV[1])
-return 1
-"""
-
 
 async def requeue_if_lost(
     redis: Redis, queue_list: str, replay_stream: str, job_id: str, message: str
@@ -44,7 +37,9 @@ async def requeue_if_lost(
     """Queue `message` again where no worker holds it; never raises (the queue deadline still
     ends the chat if this cannot run)."""
     try:
-        pushed = await redis.eval(REQUEUE_LUA, 2, queue_list, replay_stream, message, MAX_SCAN)
+        pushed = await scripts.run(
+            redis, scripts.CHAT_REQUEUE, [queue_list, replay_stream], [message, MAX_SCAN]
+        )
     except Exception as exc:  # noqa: BLE001 - Redis down: the next check tries again
         log.debug("could not check whether chat %s is still queued: %r", job_id, exc)
         return

@@ -1,10 +1,10 @@
 """Prefill while the user types (issue 34): the pure decisions about `draft` frames.
 
 A client sends `draft` frames (shared/protocol.py DraftFrame) while its user types. The gateway
-(gateway/drafts.py) admits each with one Redis script, :data:`ADMIT_DRAFT_LUA`, and the chat
-worker that reads it (workers/chat/prefill.py) builds the prompt the chat would have (the same
-retrieval stage: builder, budget, sources) and sends it to the engine with ``max_tokens`` 1,
-so that the engine's prefix cache holds it when the chat comes.
+(gateway/drafts.py) admits each with one Redis script (shared/redis/scripts/draft_admit.lua),
+and the chat worker that reads it (workers/chat/prefill.py) builds the prompt the chat would
+have (the same retrieval stage: builder, budget, sources) and sends it to the engine with
+``max_tokens`` 1, so that the engine's prefix cache holds it when the chat comes.
 
 Why drafts never delay a chat:
 
@@ -42,32 +42,7 @@ Admission = Literal["queued", "busy", "rate", "full"]
 # What a worker does with a draft it read.
 Verdict = Literal["prefill", "superseded", "stale", "busy"]
 
-# KEYS: the chat queue's priority-0 list, the draft list, the key's rate counter, the
-# conversation's latest-draft key, its running-draft key.
-# ARGV: the draft's job id, its task message, the rate limit per window, the window (ms),
-# the latest key's ttl (s), the cancel channel, the draft list's cap.
-# One round trip: the load checks, the budget, the coalescing and the abort of an older
-# prefill in flight, and the enqueue.
-ADMIT_DRAFT_LUA = """
-if redis.call('LLEN', KEYS[1]) > 0 then return 'busy' end
-if redis.call('LLEN', KEYS[2]) >= tonumber(ARGV[7]) then return 'full' end
-local n = redis.call('INCR', KEYS[3])
-if n == 1 then redis.call('PEXPIRE', KEYS[3], ARGV[4]) end
-if n > tonumber(ARGV[3]) then return 'rate' end
-redis.call('SET', KEYS[4], ARGV[1], 'EX', ARGV[5])
-local running = redis.call('GET', KEYS[5])
-if running and running ~= ARGV[1] then redis.call('PUBLISH', ARGV[6], running) end
-redis.call('LPUSH', KEYS[2], ARGV[2])
-return 'queued'
-"""
 DRAFT_RATE_WINDOW_MS = 1000
-
-# KEYS: a conversation's running-draft key; ARGV: the draft's job id. Cleared only if still
-# this draft's (a newer one may be running there by now).
-CLEAR_RUNNING_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 def draft_scope(key_id: str, conversation_id: str | None, connection: str) -> str:

@@ -26,14 +26,14 @@ from collections.abc import Awaitable, Callable
 
 from shared import tracing
 from shared.keys import CHAT_QUEUE, Keys
+from shared.redis import scripts
 from shared.redis.client import redis_client
 from shared.redis.pipe import RedisPipe
 from shared.settings import get_settings
-from workers.bulk.db import close_database
+from workers.db import close_database
 from workers.cache.stage import close_stage
 from workers.chat.failover import JobLeases
 from workers.chat.load import Probe
-from workers.chat.publish import SEND_LUA
 from workers.chat.usage import UsageBatcher
 from workers.resources import WorkerContext
 from workers.runtime import LoopRunner, runner
@@ -61,7 +61,7 @@ def open_context(name: str) -> WorkerContext:
         redis=redis,
         name=name,
         pipe=pipe,
-        chunks=pipe.script(SEND_LUA),
+        chunks=pipe.script(scripts.CHUNK_SEND),
         usage=UsageBatcher(
             pipe,
             keys,

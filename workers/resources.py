@@ -60,7 +60,7 @@ class WorkerContext:
     # One pipelined Redis connection (shared/redis/pipe.py) for every job's chunks and the
     # chat path's small reads; started by start().
     pipe: RedisPipe
-    chunks: PipeScript  # workers/chat/publish.py's SEND_LUA on the pipe
+    chunks: PipeScript  # shared/redis/scripts/chunk_send.lua on the pipe (workers/chat/publish.py)
     # Usage rows of chats ending close together, one bulk task per batch (workers/chat/usage.py).
     usage: UsageSink
     # The owner leases of this worker's chats (workers/chat/failover.py), on the same pipe.

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 from collections import deque
@@ -48,6 +47,7 @@ from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseE
 from shared.redis.address import RedisAddress
 from shared.redis.connection import READ_SIZE, RedisConnection
 from shared.redis.resp import bulks, pack
+from shared.redis.scripts import LuaScript
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +93,10 @@ class RedisPipe:
         self._task: asyncio.Task[None] | None = None
         self.errors = 0
 
-    def script(self, lua: str) -> PipeScript:
-        """A Lua script run by EVALSHA on this pipe (loaded on connect, or at once if up)."""
-        source = lua.encode()
-        sha = hashlib.sha1(source).hexdigest().encode()
+    def script(self, script: LuaScript) -> PipeScript:
+        """A Lua script (shared/redis/scripts/) run by EVALSHA on this pipe (loaded on
+        connect, or at once if up)."""
+        source, sha = script.source.encode(), script.sha.encode()
         if sha not in self._scripts:
             self._scripts[sha] = source
             if self._up.is_set():  # ahead of any EVALSHA of it: the pipe keeps order

@@ -1,10 +1,11 @@
-"""The claim of a dead chat worker's chats (workers/chat/failover.py CLAIM_LUA) on real Redis: each
-chat goes to exactly one survivor, nothing is taken from a worker whose beat came back, and a
-worker left with no chat leaves the heartbeats."""
+"""The claim of a dead chat worker's chats (shared/redis/scripts/lease_claim.lua) on real Redis:
+each chat goes to exactly one survivor, nothing is taken from a worker whose beat came back, and
+a worker left with no chat leaves the heartbeats."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from shared.keys import CHAT_QUEUE, Keys
-from workers.chat.failover import CLAIM_LUA
+from shared.redis import scripts
 
 pytestmark = pytest.mark.integration
 
@@ -24,12 +25,12 @@ async def _setup(services: Any, jobs: int) -> tuple[aioredis.Redis, Keys, Any]:
     now = time.time()
     await client.zadd(keys.worker_heartbeats(CHAT_QUEUE), {"dead": now - 10, "a": now, "b": now})
     await client.hset(keys.worker_jobs("dead"), mapping={f"j{i}": f"p{i}" for i in range(jobs)})
-    return client, keys, client.register_script(CLAIM_LUA)
+    return client, keys, functools.partial(scripts.run, client, scripts.LEASE_CLAIM)
 
 
 async def _claim(script: Any, keys: Keys, me: str, horizon: float, most: int) -> list[str]:
     keys_ = [keys.worker_heartbeats(CHAT_QUEUE), keys.worker_jobs("dead"), keys.worker_jobs(me)]
-    return list(await script(keys=keys_, args=["dead", horizon, 60, most]))
+    return list(await script(keys_, ["dead", horizon, 60, most]))
 
 
 async def _cleanup(client: aioredis.Redis, keys: Keys) -> None:

@@ -15,11 +15,11 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from shared.redis import scripts
 from shared.redis.pipe import PipeScript, RedisPipe
 from shared.redis.resp import pack
 from tests.integration.conftest import Services
 from tests.support import free_port, throwaway_redis_server
-from workers.chat.publish import SEND_LUA
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ async def channel(services: Services) -> AsyncIterator[tuple[str, str, aioredis.
 
 async def _open(services: Services, name: str = "ftpipe-test") -> tuple[RedisPipe, PipeScript]:
     pipe = RedisPipe(services.redis_url, client_name=name)
-    chunks = pipe.script(SEND_LUA)
+    chunks = pipe.script(scripts.CHUNK_SEND)
     await pipe.start()
     return pipe, chunks
 
@@ -58,9 +58,9 @@ def _send(chunks: PipeScript, ch: str, stream: str, messages: list[str]) -> None
 
 
 def test_a_keyed_script_packs_the_same_command() -> None:
-    script = RedisPipe("redis://127.0.0.1:6379").script(SEND_LUA)
+    script = RedisPipe("redis://127.0.0.1:6379").script(scripts.CHUNK_SEND)
     keys, args = ("ch:é", "stream:1"), (b"chunk\r\n\xc3\xa9", b"100", b"0")
-    sha = hashlib.sha1(SEND_LUA.encode()).hexdigest().encode()
+    sha = hashlib.sha1(scripts.CHUNK_SEND.source.encode()).hexdigest().encode()
     expected = pack((b"EVALSHA", sha, b"2", *(k.encode() for k in keys), *args))
     assert script.keyed(keys).command(args) == expected
     assert script.keyed(("k",)).command(()) == pack((b"EVALSHA", sha, b"1", b"k"))

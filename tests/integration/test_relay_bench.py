@@ -63,8 +63,9 @@ async def _capture(client: aioredis.Redis, channel: str, send: Any, until_kind: 
 
 
 def test_producer_chunks_match_the_worker_publisher() -> None:
+    from shared.redis import scripts
     from shared.redis.pipe import RedisPipe
-    from workers.chat.publish import SEND_LUA, JobPublisher
+    from workers.chat.publish import JobPublisher
 
     async def scenario() -> None:
         keys = Keys(f"ftrelay{uuid.uuid4().hex[:8]}")
@@ -74,7 +75,7 @@ def test_producer_chunks_match_the_worker_publisher() -> None:
             bench_job = _job(keys, "chat-1")
             # What a chat worker publishes for a 7-token answer, one token per chunk.
             sender = RedisPipe(REDIS_URL)
-            chunks = sender.script(SEND_LUA)
+            chunks = sender.script(scripts.CHUNK_SEND)
             await sender.start()
             publisher = JobPublisher(
                 chunks,

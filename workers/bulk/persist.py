@@ -23,12 +23,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from shared.db.errors import DatabaseUnavailable, is_retryable
 from shared.db.writes import insert_messages, insert_usage_rows
 from shared.keys import PERSIST_MESSAGES_TASK, PERSIST_USAGE_BATCH_TASK, PERSIST_USAGE_TASK
+from shared.redis import scripts
 from shared.redis.pipe import RedisPipe
 from shared.settings import get_settings
 from shared.tasks import MessagesRecord, UsageRecord
-from shared.usage_outbox import TOUCH_LUA, WRITTEN_LUA
 from workers.app import app
-from workers.bulk.db import database
+from workers.db import database
 from workers.lifecycle import lifecycle
 from workers.runtime import runner
 
@@ -74,17 +74,19 @@ async def _write_usage(records: list[UsageRecord], label: str) -> int:
         written = await _write(insert_usage_rows, records, label)
     except DatabaseUnavailable:
         resend_after_ms = int(settings.usage_resend_after_s * 1000)
-        _on_pipe(ctx.pipe, TOUCH_LUA, [keys.usage_due], [resend_after_ms, *ids])
+        _on_pipe(ctx.pipe, scripts.USAGE_TOUCH, [keys.usage_due], [resend_after_ms, *ids])
         raise
-    _on_pipe(ctx.pipe, WRITTEN_LUA, [keys.usage_due, keys.usage_rows], ids)
+    _on_pipe(ctx.pipe, scripts.USAGE_WRITTEN, [keys.usage_due, keys.usage_rows], ids)
     return written
 
 
-def _on_pipe(pipe: RedisPipe, lua: str, keys: Sequence[str], args: Sequence[str | int]) -> None:
+def _on_pipe(
+    pipe: RedisPipe, script: scripts.LuaScript, keys: Sequence[str], args: Sequence[str | int]
+) -> None:
     # Queued, not awaited: a row whose removal is lost to a Redis outage is sent once more and
     # written once.
     try:
-        pipe.script(lua).send(keys, args)
+        pipe.script(script).send(keys, args)
     except ConnectionError:
         log.warning("Redis unreachable: usage rows stay in the outbox (%d)", len(args))
 

@@ -15,8 +15,9 @@ import logging
 from typing import Any
 
 from shared.keys import BULK_QUEUE, Keys
+from shared.redis import scripts
 from shared.redis.pipe import RedisPipe
-from shared.usage_outbox import CLAIM_LUA, CLAIM_ROWS, MAX_BACKLOG, QUEUE_LUA
+from shared.usage_outbox import CLAIM_ROWS, MAX_BACKLOG
 from workers.chat.usage import usage_batch_message
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,8 @@ class UsageSweeper:
     ) -> None:
         self._keys, self._origin = keys, origin
         self._resend_after_ms = int(resend_after_s * 1000)
-        self._claim = pipe.script(CLAIM_LUA)
-        self._queue = pipe.script(QUEUE_LUA)
+        self._claim = pipe.script(scripts.USAGE_CLAIM)
+        self._queue = pipe.script(scripts.USAGE_QUEUE)
         self.sent = 0  # rows sent on, for the logs and tests
 
     async def run(self) -> None:

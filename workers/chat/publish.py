@@ -19,22 +19,11 @@ from shared.protocol import (
 )
 from shared.redis.pipe import PipeScript
 
-# PUBLISH + XADD (+ EXPIRE the first time) as one script: one command and one reply per chunk,
-# sent pipelined on the process's Redis pipe (shared/redis/pipe.py).
-# KEYS: channel, replay stream[, the job's cancel flag].  ARGV: message, maxlen, ttl seconds
-# (0: leave the expiry). Given the cancel flag (the `started` chunk), returns whether it is set.
-SEND_LUA = """
-redis.call('PUBLISH', KEYS[1], ARGV[1])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'm', ARGV[1])
-if ARGV[3] ~= '0' then redis.call('EXPIRE', KEYS[2], ARGV[3]) end
-if KEYS[3] then return redis.call('EXISTS', KEYS[3]) end
-return 1
-"""
-
 
 class JobPublisher:
     """Sends one job's messages; every message goes to the channel and the replay stream in one
-    script call, so a gap or a reconnect can be repaired from the stream.
+    script call (`chunks`: shared/redis/scripts/chunk_send.lua on the process's pipe), so a
+    gap or a reconnect can be repaired from the stream.
 
     Sending only queues the call on the process's Redis pipe (shared/redis/pipe.py), so the
     send methods are plain functions: nothing between two chunks yields to the loop, and a job's

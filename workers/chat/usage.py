@@ -10,9 +10,10 @@ import logging
 
 from shared.keys import BULK_QUEUE, PERSIST_USAGE_BATCH_TASK, Keys
 from shared.protocol import dumps
+from shared.redis import scripts
 from shared.redis.pipe import RedisPipe
 from shared.tasks import UsageRecord, task_message
-from shared.usage_outbox import ADD_LUA, QUEUE_LUA, UNQUEUED_GRACE_MS
+from shared.usage_outbox import UNQUEUED_GRACE_MS
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,10 @@ class UsageBatcher:
     ) -> None:
         self._origin = origin
         self._window_s, self._max_rows = window_s, max_rows
-        self._add = pipe.script(ADD_LUA).keyed((keys.usage_rows, keys.usage_due))
-        self._queue = pipe.script(QUEUE_LUA).keyed((keys.queue_list(BULK_QUEUE), keys.usage_due))
+        self._add = pipe.script(scripts.USAGE_ADD).keyed((keys.usage_rows, keys.usage_due))
+        self._queue = pipe.script(scripts.USAGE_QUEUE).keyed(
+            (keys.queue_list(BULK_QUEUE), keys.usage_due)
+        )
         self._unqueued_after = b"%d" % (int(window_s * 1000) + UNQUEUED_GRACE_MS)
         self._resend_after = b"%d" % int(resend_after_s * 1000)
         self._rows: list[UsageRecord] = []
