@@ -10,4 +10,6 @@
 - ``pipe``: the pipelined writer for the commands on a chat's path (token chunks, admission).
 - ``pubsub``: the subscriber connection that routes each channel's messages to its handler.
 - ``client``: redis-py's client, for ordinary commands.
+- ``scripts``: every Lua script, one ``.lua`` file each, and ``run`` (EVALSHA, loaded again on
+  NOSCRIPT) for redis-py's client; the pipe and the chat queue's reads run the same objects.
 """
