@@ -95,7 +95,7 @@ class Feed:
     """One job's channel on this gateway process: the clients following it and the
     rate-limit reservation they share."""
 
-    __slots__ = ("admission", "channel", "followers", "job_id", "lost", "model", "used")
+    __slots__ = ("admission", "channel", "followers", "job_id", "lost", "model", "payload", "used")
 
     def __init__(self, job_id: str, channel: str) -> None:
         self.job_id = job_id
@@ -104,6 +104,9 @@ class Feed:
         # that row was written (once, however many clients here follow the job).
         self.model = ""
         self.lost = False
+        # The job as enqueued (None on a resume of a job admitted elsewhere): its usage row,
+        # should its worker die, is built from it as a worker would (shared/usage_row.py).
+        self.payload: ChatJob | None = None
         self.followers: Followers[Job] = Followers()
         # Rate-limit reservation of the gateway that admitted the job (None on a resume of a
         # job admitted elsewhere), settled when the job ends; `used` is the worker's exact
@@ -245,6 +248,7 @@ class JobOwner:
                 traceparent=None if trace is None else trace.traceparent,
                 tracestate=None if trace is None else trace.tracestate,
             )
+            feed.payload = payload
             message = task_message(
                 CHAT_TASK,
                 {"job": payload.model_dump()},
@@ -469,18 +473,8 @@ class JobOwner:
     def _record_lost(self, job: Job) -> None:
         """The usage row of a chat whose worker died, by the gateway that admitted it."""
         feed = job.feed
-        if feed.admission is None or feed.lost:
+        if feed.admission is None or feed.payload is None or feed.lost:
             return
         feed.lost = True
-        chat = LostChat(
-            job_id=feed.job_id,
-            tenant_id=self.principal.tenant_id,
-            key_id=self.principal.key_id,
-            model=feed.model,
-            prompt_tokens=feed.admission.prompt_estimate,
-            received_at=job.state.received_at,
-            first_sent_at=job.state.first_sent_at,
-        )
-        gw = self.gw
-        resend_after_s = gw.settings.usage_resend_after_s
-        gw.spawn(record_lost_chat(gw.redis, gw.keys, gw.name, chat, resend_after_s))
+        chat = LostChat(model=feed.model, prompt_tokens=feed.admission.prompt_estimate)
+        self.gw.spawn(record_lost_chat(self.gw, feed.payload, chat, job.state.first_sent_at))

@@ -27,11 +27,11 @@ from shared.pricing import request_cost
 from shared.redis import scripts
 from shared.tasks import ChatJob, DraftJob, TaskCall, UsageRecord
 from shared.timing import elapsed_ms
+from shared.usage_row import prices_of
 from workers import retrieval
 from workers.engines.base import EngineRequest
 from workers.lifecycle import lifecycle
 from workers.resources import WorkerContext
-from workers.usage_row import prices_of
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 from shared.keys import BULK_QUEUE, PERSIST_MESSAGES_TASK
 from shared.metrics import recorder
-from shared.tasks import ChatJob, MessagesRecord, UsageRecord, task_message
+from shared.tasks import ChatJob, MessagesRecord, task_message
 from shared.timing import elapsed_ms
-from workers.usage_row import analytics_fields
+from shared.usage_row import usage_row
 
 if TYPE_CHECKING:
     from workers.resources import WorkerContext
@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """How a chat ended, as the usage row records it."""
+    """How a chat ended, as its usage row records it (shared/usage_row.py `Ending`), with the
+    answer's text for the messages the bulk queue stores."""
 
     model: str
     finish_reason: str
@@ -47,22 +48,14 @@ def record(ctx: WorkerContext, job: ChatJob, points: dict[str, float], outcome: 
     server to keep its history (issue 5); other chats' text only with `store_text`.
     """
     now = time.time()
-    usage = UsageRecord(
-        request_id=job.job_id,
-        tenant_id=job.tenant_id,
-        key_id=job.key_id,
-        model=outcome.model,
-        route=outcome.route,
-        cached=outcome.cached,
-        prompt_tokens=outcome.prompt_tokens,
-        completion_tokens=outcome.completion_tokens,
+    usage = usage_row(
+        ctx.models,
+        job,
+        outcome,
         queue_ms=elapsed_ms(points.get("worker_start"), job.enqueued_at),
         ttft_ms=elapsed_ms(points.get("first_chunk_published"), job.received_at),
         total_ms=elapsed_ms(now, job.received_at),
-        finish_reason=outcome.finish_reason,
-        status=outcome.status,
-        created_at=now,
-        **analytics_fields(ctx.models, job, outcome),
+        now=now,
     )
     ctx.usage.add(usage)
     try:

@@ -1,15 +1,17 @@
-"""The analysts' fields of a usage row: cost at the model's prices, user, tags, cache tier."""
+"""A usage row, built in one place (shared/usage_row.py): the analysts' fields (cost at the
+model's prices, user, tags, cache tier) for an answered, cached or lost chat alike."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.modeltable import parse_models
+from gateway.lostchats import LostChat
+from shared.modeltable import ModelTable, parse_models
 from shared.protocol import Message
 from shared.tasks import ChatJob
+from shared.usage_row import Ending, usage_row
 from workers.chat.record import Outcome
 from workers.engines.openai_engine import _cached_tokens
-from workers.usage_row import analytics_fields
 
 TABLE = parse_models(
     '[{"name": "priced", "engine": "sim", "prices": {"input": 1, "output": 4, "cached_input": 0}},'
@@ -29,6 +31,12 @@ JOB = ChatJob(
     enqueued_at=0.0,
     deadline_at=1.0,
 )
+
+
+def analytics_fields(table: ModelTable, job: ChatJob, ending: Ending) -> dict[str, object]:
+    row = usage_row(table, job, ending, queue_ms=None, ttft_ms=None, total_ms=None, now=0.0)
+    keys = ("cost", "end_user", "tags", "conversation_id", "cache_tier", "cached_prompt_tokens")
+    return {k: getattr(row, k) for k in keys}
 
 
 def test_fields_carry_the_jobs_user_tags_conversation_and_the_outcomes_tier() -> None:
@@ -58,6 +66,17 @@ def test_an_answer_from_the_cache_costs_zero_of_a_priced_model() -> None:
     """A cache hit used no engine: 0 at the model's prices, not its tokens' price."""
     hit = Outcome("priced", "stop", "ok", 0, 50, cached=True, cache_tier="exact")
     assert analytics_fields(TABLE, JOB, hit)["cost"] == 0.0
+
+
+def test_a_lost_chats_row_has_the_same_fields_as_a_workers() -> None:
+    """The gateway's row of a chat whose worker died carries the job's user, tags and
+    conversation and its cost, as a worker's row would (one builder for every ending)."""
+    lost = LostChat(model="priced", prompt_tokens=1000, completion_tokens=100)
+    row = usage_row(TABLE, JOB, lost, queue_ms=None, ttft_ms=1.0, total_ms=2.0, now=3.0)
+    assert (row.status, row.finish_reason, row.cached) == ("error", "engine_error", False)
+    assert (row.end_user, row.tags, row.conversation_id) == ("u-9", ["beta"], "conv-1")
+    assert row.cost == pytest.approx((1000 * 1 + 100 * 4) / 1e6)
+    assert (row.prompt_tokens, row.completion_tokens) == (1000, 100)
 
 
 @pytest.mark.parametrize(
