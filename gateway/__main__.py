@@ -10,6 +10,7 @@ import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
 from gateway.headertimeout import header_timeout_protocol
+from gateway.wsprotocol import Utf8WarningProtocol
 from shared.errors import ConfigError
 from shared.logs import configure_logging
 from shared.settings import get_settings
@@ -54,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         loop="uvloop",
         # httptools, with a deadline on reading headers (gateway/headertimeout.py).
         http=header_timeout_protocol(settings.http_header_timeout_s),
-        ws="websockets-sansio",
+        # websockets-sansio, with invalid UTF-8 as one WARNING line (gateway/wsprotocol.py).
+        ws=Utf8WarningProtocol,
         # Oversize frames get an `invalid_request` from the parser; only far larger ones
         # are cut off by the websocket layer itself.
         ws_max_size=max(4 * settings.max_frame_bytes, 16 << 20),

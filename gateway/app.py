@@ -12,15 +12,18 @@ from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from gateway.auth import key_from_request
 from gateway.metrics import queue_depths
+from gateway.openai import _error_response as openai_error
 from gateway.openai import chat_completions
+from gateway.openai_protocol import error_reply, exception_reply, http_error_reply
 from gateway.state import Gateway
 from gateway.wsdoor import Session
 from shared.db.session import ping as db_ping
@@ -143,19 +146,54 @@ async def metrics(request: Request) -> Response:
     return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
-async def list_models(request: Request) -> Response:
-    """The model table, OpenAI-style (`{"object": "list", "data": [...]}`); needs an API key,
-    as OpenAI's own /v1/models does."""
+async def _refused(request: Request) -> Response | None:
+    """The OpenAI-shaped refusal of a request without a valid API key (401; 503 with
+    Retry-After when the key cannot be checked, the database down), or None."""
     gw: Gateway = request.app.state.gateway
     try:
         await gw.auth.authenticate(
             key_from_request(dict(request.headers), dict(request.query_params))
         )
     except FirstTokenError as exc:
-        # The key could not be checked (the database down): not the client's fault.
-        status = 503 if isinstance(exc, Overloaded) else 401
-        return JSONResponse({"error": error_frame(None, exc)}, status_code=status)
-    return JSONResponse(gw.models.public())
+        gw.metrics.errors.labels(exc.code.value).inc()
+        return openai_error(exception_reply(exc))
+    return None
+
+
+async def list_models(request: Request) -> Response:
+    """The model table, OpenAI-style (`{"object": "list", "data": [...]}`); needs an API key,
+    as OpenAI's own /v1/models does."""
+    gw: Gateway = request.app.state.gateway
+    return await _refused(request) or JSONResponse(gw.models.public())
+
+
+async def retrieve_model(request: Request) -> Response:
+    """`GET /v1/models/{id}`: one model object (the SDKs' `models.retrieve`), or a 404 in
+    OpenAI's shape naming the known ones."""
+    gw: Gateway = request.app.state.gateway
+    refused = await _refused(request)
+    if refused is not None:
+        return refused
+    model_id = request.path_params["model_id"]
+    for model in gw.models.public()["data"]:
+        if model["id"] == model_id:
+            return JSONResponse(model)
+    known = ", ".join(gw.models.names)
+    message = f"the model {model_id[:128]!r} does not exist; known models: {known}"
+    return openai_error(error_reply("model_not_found", message, param="model", status=404))
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's 404 and 405 (and any HTTPException): OpenAI's error shape under `/v1/`,
+    where every client is an OpenAI SDK; Starlette's plain text elsewhere."""
+    assert isinstance(exc, HTTPException)
+    headers = dict(exc.headers or {})
+    if request.url.path.startswith("/v1/"):
+        reply = http_error_reply(exc.status_code, request.method, request.url.path)
+        return openai_error(reply, headers)
+    if exc.status_code in (204, 304):
+        return Response(status_code=exc.status_code, headers=headers)
+    return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=headers)
 
 
 async def chat_page(request: Request) -> Response:
@@ -185,9 +223,11 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/readyz", readyz),
             Route("/metrics", metrics),
             Route("/v1/models", list_models),
+            Route("/v1/models/{model_id:path}", retrieve_model),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/", chat_page),
             Mount("/page", StaticFiles(directory=PAGE_DIR), name="page"),
         ],
         lifespan=lifespan,
+        exception_handlers={HTTPException: http_error},
     )

@@ -75,8 +75,11 @@ class HttpChat(JobOwner):
             self.frames.put_nowait(text)
 
 
-def _error_response(reply: ErrorReply) -> Response:
-    headers = {} if reply.retry_after_s is None else {"retry-after": str(reply.retry_after_s)}
+def _error_response(reply: ErrorReply, headers: dict[str, str] | None = None) -> Response:
+    """An error in OpenAI's shape (every `/v1` HTTP route's, gateway/app.py's too)."""
+    headers = dict(headers or {})
+    if reply.retry_after_s is not None:
+        headers["retry-after"] = str(reply.retry_after_s)
     return Response(
         orjson.dumps(reply.body),
         status_code=reply.status,
@@ -259,7 +262,10 @@ class CompletionResponse(Response):
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         self._asgi_send = send
-        self._encoder = ChunkEncoder(self.completion_id, self.created, self.model)
+        # The model that answers, as the worker's `started` named it before the first token
+        # (`auto` routed): every chunk names that one (issue 42).
+        model = self.job.state.model or self.model
+        self._encoder = ChunkEncoder(self.completion_id, self.created, model)
         out: list[bytes] = []  # whatever arrived meanwhile goes out in one write
         while True:
             if frame is not None:

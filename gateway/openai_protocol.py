@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, Literal
 
 import orjson
@@ -267,6 +268,7 @@ _TYPE = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "invalid_request_error",
+    405: "invalid_request_error",
     429: "rate_limit_error",
 }
 # Overloaded without a figure of its own: retry after a second.
@@ -326,6 +328,17 @@ def exception_reply(exc: BaseException) -> ErrorReply:
         ErrorCode.INTERNAL.value,
         "internal error; the request was not completed (see the server log)",
     )
+
+
+def http_error_reply(status: int, method: str, path: str) -> ErrorReply:
+    """Starlette's own refusals (no such route, a method the route does not take) on a `/v1`
+    path, as OpenAI words them: the SDKs read the error from this shape."""
+    if status == 404:
+        return error_reply("not_found", f"Invalid URL ({method} {path[:200]})", status=404)
+    if status == 405:
+        message = f"method {method} is not allowed on {path[:200]}"
+        return error_reply("method_not_allowed", message, status=405)
+    return error_reply("invalid_request", HTTPStatus(status).phrase, status=status)
 
 
 def frame_reply(frame: dict[str, Any]) -> ErrorReply:

@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 import orjson
 
 from shared.errors import EngineError, error_frame
-from shared.failover import started_worker
+from shared.failover import started_model, started_worker
 from shared.protocol import (
     CHUNK_DONE,
     CHUNK_ERROR,
@@ -59,6 +59,8 @@ class RelayState:
     rename: bool = False
     # The chat worker running the job, as its `started` says (a takeover's names the new one).
     worker: str | None = None
+    # The model that answers, as the worker's `started` says before the first token.
+    model: str | None = None
 
     def feed(self, message: str, now: float) -> Step:
         self.last_seen = now
@@ -106,6 +108,7 @@ class RelayState:
         elif kind == CHUNK_STARTED:
             self.started = True
             self.worker = started_worker(payload) or self.worker
+            self.model = started_model(payload) or self.model
         elif kind == CHUNK_DONE:
             data: DoneChunk = orjson.loads(payload)
             if int(data.get("chunks", 0)) > self.next_seq:

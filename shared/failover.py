@@ -89,11 +89,20 @@ def owner_verdict(
 
 def started_worker(payload: str) -> str | None:
     """The worker a `started` chunk names, if any."""
+    return _started_field(payload, "worker")
+
+
+def started_model(payload: str) -> str | None:
+    """The answering model a `started` chunk names, if any."""
+    return _started_field(payload, "model")
+
+
+def _started_field(payload: str, name: str) -> str | None:
     try:
-        worker = orjson.loads(payload).get("worker")
+        value = orjson.loads(payload).get(name)
     except (orjson.JSONDecodeError, AttributeError):
         return None
-    return worker if isinstance(worker, str) else None
+    return value if isinstance(value, str) else None
 
 
 def delivered_tokens(log: Sequence[str]) -> int:

@@ -437,16 +437,24 @@ class StartedChunk(TypedDict):
     # The chat worker running the job (its heartbeat name): the gateway watches its heartbeat,
     # and a worker taking the job over sends its own `started`.
     worker: NotRequired[str]
+    # The model that answers, sent once it is known, before the first token: a door whose
+    # every chunk names the model (OpenAI's) learns it here, `auto` routed (issue 42).
+    model: NotRequired[str]
 
 
 def encode_started(
-    started_at: float, failover: Failover | None = None, worker: str | None = None
+    started_at: float,
+    failover: Failover | None = None,
+    worker: str | None = None,
+    model: str | None = None,
 ) -> str:
     chunk: StartedChunk = {"t": started_at}
     if failover is not None:
         chunk["failover"] = failover
     if worker is not None:
         chunk["worker"] = worker
+    if model is not None:
+        chunk["model"] = model
     return dumps(chunk)
 
 

@@ -32,11 +32,10 @@ from shared.errors import (
     error_frame,
 )
 from shared.keys import CHAT_TASK
-from shared.protocol import DoneChunk, Usage, done_chunk
+from shared.protocol import CHUNK_STARTED, DoneChunk, Usage, done_chunk, encode_started
 from shared.tasks import ChatJob, TaskCall
 from workers import retrieval
 from workers.app import app
-from workers.db import database
 from workers.cache import stage as cache_stage
 from workers.cache.policy import Query
 from workers.cache.stage import CacheStage, Lookup
@@ -48,6 +47,7 @@ from workers.chat.publish import JobPublisher
 from workers.chat.record import Outcome, record
 from workers.chat.stream import TokenStream
 from workers.chat.takeover import Takeover
+from workers.db import database
 from workers.engines.base import Delta
 from workers.lifecycle import lifecycle
 from workers.prompt import BuiltPrompt
@@ -409,6 +409,10 @@ class ChatRun:
                 assert first_ready is not None
                 first_ready.set()
                 await go.wait()
+            # The model that answers (`auto` routed, a failover's), ahead of the first token
+            # and in the same write: the OpenAI door names it in every chunk (issue 42).
+            started = encode_started(time.time(), model=self.generation.model)
+            self.publisher.control(CHUNK_STARTED, started)
             return await self._stream_answer(first, deltas)
 
     async def _stream_answer(

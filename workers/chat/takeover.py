@@ -61,7 +61,7 @@ def plan_takeover(log: Iterable[str]) -> Takeover:
         if kind in (CHUNK_DONE, CHUNK_ERROR):
             return Takeover("ended")
         if kind == CHUNK_STARTED and next_seq == 0:
-            model = _failed_over_to(payload) or model
+            model = _answering(payload) or model
             continue
         if kind != CHUNK_TOKEN or seq is None or seq < next_seq:
             continue  # a copy of a chunk already read
@@ -81,11 +81,16 @@ def plan_takeover(log: Iterable[str]) -> Takeover:
     return Takeover("continue", "".join(texts), next_seq, tokens, model)
 
 
-def _failed_over_to(payload: str) -> str | None:
+def _answering(payload: str) -> str | None:
+    """The model a `started` names: the one that answers (sent before the first token; with
+    `auto` the routed one), or the one a failover moved to."""
     try:
-        failover = orjson.loads(payload).get("failover")
+        chunk = orjson.loads(payload)
+        model, failover = chunk.get("model"), chunk.get("failover")
     except (orjson.JSONDecodeError, AttributeError):
         return None
+    if isinstance(model, str):
+        return model
     return str(failover["to"]) if isinstance(failover, dict) and "to" in failover else None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from gateway.relaystate import Followers, Leave, RelayState, usage_total
-from shared.protocol import dumps, encode_chunk, encode_token
+from shared.protocol import dumps, encode_chunk, encode_started, encode_token
 
 
 def tok(seq: int, text: str = "x", chat_id: str = "c") -> str:
@@ -141,3 +141,13 @@ def test_the_last_follower_giving_up_after_an_end_does_not_cancel() -> None:
     followers.join("b")
     followers.leave("a", ended=True)
     assert followers.leave("b", ended=False) == Leave(unsubscribe=True, cancel=False, settle=False)
+
+
+def test_the_answering_model_comes_from_the_started_before_the_first_token() -> None:
+    """`auto` routed: the worker's `started` names the model; the worker's own one does not
+    erase it, and nothing is forwarded for either."""
+    s = RelayState("c", received_at=100.0)
+    named = encode_chunk("S", encode_started(100.01, model="large"))
+    assert s.feed(named, 100.01).frames == [] and s.model == "large"
+    assert s.feed(encode_chunk("S", encode_started(100.02, worker="w")), 100.02).frames == []
+    assert (s.model, s.worker) == ("large", "w")

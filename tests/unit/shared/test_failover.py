@@ -189,3 +189,9 @@ def test_a_chat_still_streaming_is_alive_whatever_its_workers_beat_says() -> Non
     assert verdict == "alive"
     quiet = owner_verdict("a", beats, checked_at=100.0, lost_s=2.0, quiet_s=1.5, min_quiet_s=1)
     assert quiet == "give_up"
+
+
+def test_a_routed_chat_is_continued_by_the_model_its_started_named_before_the_first_token() -> None:
+    named = encode_chunk(CHUNK_STARTED, encode_started(2.0, model="large"))
+    plan = plan_takeover([STARTED, named, token(0, "Lorem", 1)])
+    assert (plan.kind, plan.model) == ("continue", "large")
