@@ -4,6 +4,11 @@ difference.
 
     python -m firsttoken.bench --profile chat-8b --modes stack,direct --concurrency 1,50,200 \
         --requests 400 --repeats 3 --json bench-out/foundation.json --plot bench-out/f.png
+
+Both doors against the engine, in the public gateway comparison's shape (issue 43):
+
+    python -m firsttoken.bench --profile on-the-bench --modes direct,stack,openai --interleave \
+        --concurrency 1,32 --requests 192 --repeats 3
 """
 
 from __future__ import annotations
@@ -112,6 +117,14 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--duration", type=float, default=None, help="seconds per run instead of a request count"
+    )
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="every mode in one run instead of back to back: each request goes by a mode drawn "
+        "at random, so all modes share the machine's state; at each --concurrency N, rounds of "
+        "N requests sent at once, each round waiting for its last answer (N=1: one request "
+        "after another), --requests in all (issue 43; firsttoken/bench/interleave.py)",
     )
     p.add_argument(
         "--repeats",
@@ -547,6 +560,11 @@ class Bench:
         modes = self.args.modes
         for point in _load_points(self.args):
             for repeat in range(self.args.repeats):
+                if self.args.interleave:
+                    from firsttoken.bench.interleave import interleaved_run
+
+                    self.runs += await interleaved_run(self, point, repeat)
+                    continue
                 # Rotate the order so no mode always runs first (or right after another).
                 k = repeat % len(modes)
                 for mode in modes[k:] + modes[:k]:
@@ -596,6 +614,9 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"firsttoken bench: --gateways must be at least 1, not {args.gateways}", file=sys.stderr
         )
+        return 2
+    if args.interleave and (args.rate or args.duration is not None):
+        print("firsttoken bench: --interleave takes --concurrency and --requests", file=sys.stderr)
         return 2
     if args.url and not args.api_key:
         print("firsttoken bench: --url needs --api-key", file=sys.stderr)

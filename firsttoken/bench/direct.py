@@ -22,6 +22,8 @@ from firsttoken.bench.stats import RequestResult
 _CONTENT = (b'"content":"', b'"content": "')
 _EMPTY = (b'"content":""', b'"content": ""')
 _USAGE = b'"usage":{'
+# firsttoken's OpenAI door: the last chunk's stage timings (gateway/openai_protocol.py extras).
+_EXTRAS = b'"x_firsttoken":{'
 
 
 def streaming_session(limit: int, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
@@ -106,11 +108,16 @@ class DirectClient:
                             result.gaps_ms.append((now - last) * 1000)
                         last = now
                         result.chars += n
-                    if _USAGE in events:
+                    if _USAGE in events or _EXTRAS in events:
                         for event in events.split(b"\n\n"):
-                            if _USAGE in event and event.startswith(b"data: {"):
+                            if not event.startswith(b"data: {"):
+                                continue
+                            if _USAGE in event:
                                 usage = _loads(event[6:]).get("usage") or {}
                                 result.tokens = int(usage.get("completion_tokens", 0))
+                            if _EXTRAS in event:
+                                extras = _loads(event[6:]).get("x_firsttoken") or {}
+                                result.server_timings = extras.get("timings") or {}
                 result.total_ms = (time.perf_counter() - t0) * 1000
         except (aiohttp.ClientError, TimeoutError) as exc:
             result.error = f"client_{type(exc).__name__}"

@@ -18,6 +18,10 @@ class Profile:
     max_seqs: int = 4096
     # > 0: tokens on a shared step clock, as a batched decoder emits them (workers/engines/sim.py).
     step_ms: float = 0.0
+    # Every answer exactly `max_tokens` long: the simulator draws a length in [its max_tokens/2,
+    # its max_tokens], so it is given twice the requests' `max_tokens`, which then cuts every
+    # answer at the same length.
+    exact: bool = False
 
     def sim_args(self) -> list[str]:
         """Options for `python -m firsttoken.simserver`."""
@@ -27,7 +31,7 @@ class Profile:
             "--itl-ms",
             str(self.itl_ms),
             "--max-tokens",
-            str(self.max_tokens),
+            str(self.max_tokens * 2 if self.exact else self.max_tokens),
             "--max-seqs",
             str(self.max_seqs),
             "--jitter",
@@ -71,6 +75,15 @@ PROFILES: dict[str, Profile] = {
             "(about 10 s per full answer)",
         ),
         Profile("tiny", 20.0, 2.0, 16, "for tests: TTFT 20 ms, 2 ms between tokens, <=16 tokens"),
+        Profile(
+            "on-the-bench",
+            20.0,
+            20.0,
+            64,
+            "the public 'On the Bench' gateway comparison's mock: TTFT 20 ms, then 64 deltas "
+            "20 ms apart, every answer (use with --interleave --concurrency 1,32)",
+            exact=True,
+        ),
         Profile(
             "many-streams",
             500.0,

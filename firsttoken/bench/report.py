@@ -96,11 +96,13 @@ def added_table(agg: Mapping[str, Any], baseline: str = "direct") -> str:
         "added TTFT p90",
         "the first wave: p50 / p99",
         "after the first wave: p50 / p99",
+        "added gap p50 / p99",
     ]
     rows = []
     for load, entry in agg.items():
         wave = entry.get("added_ttft_first_wave_ms", {})
         steady = entry.get("added_ttft_after_first_wave_ms", {})
+        gaps = entry.get("added_gap_ms", {})
         for mode, a in entry["added_ttft_ms"].items():
             rows.append(
                 [
@@ -111,6 +113,7 @@ def added_table(agg: Mapping[str, Any], baseline: str = "direct") -> str:
                     _ms(a["p90"]),
                     _p50_p99(wave.get(mode)),
                     _p50_p99(steady.get(mode)),
+                    _p50_p99(gaps.get(mode)),
                 ]
             )
     return markdown_table(header, rows) if rows else ""

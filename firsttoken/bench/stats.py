@@ -274,6 +274,9 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") 
             "added_ttft_ms": {},
             "added_ttft_first_wave_ms": {},
             "added_ttft_after_first_wave_ms": {},
+            # The time each mode adds between two content deliveries (a token frame, an SSE
+            # chunk): what relaying the stream costs once it flows.
+            "added_gap_ms": {},
         }
         per_request_by_mode: dict[str, list[dict[str, float]]] = {}
         for mode, mode_runs in modes.items():
@@ -319,6 +322,14 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]], baseline: str = "direct") 
             ]
             entry["added_ttft_ms"][mode] = {
                 f"p{q}": median_and_spread([d[f"p{q}"] for d in diffs]) for q in PERCENTILES
+            }
+            gap_diffs = [
+                added(r["summary"], base[r["repeat"]], "gap_ms")
+                for r in mode_runs
+                if r["repeat"] in base
+            ]
+            entry["added_gap_ms"][mode] = {
+                f"p{q}": median_and_spread([d[f"p{q}"] for d in gap_diffs]) for q in PERCENTILES
             }
             # A closed loop's first wave (every stream at once) and the rest, apart.
             for part in ("first_wave", "after_first_wave"):
