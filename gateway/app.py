@@ -1,6 +1,6 @@
-"""The ASGI app: `ws /v1/ws`, `POST /v1/chat/completions` (gateway/openai.py), `GET /healthz`,
-`GET /readyz`, `GET /metrics`, `GET /v1/models`, and the chat page (`GET /`, its files under
-`/page/`)."""
+"""The ASGI app: `ws /v1/ws`, `POST /v1/chat/completions` (gateway/openai.py), `/v1/responses`
+(gateway/responses.py), `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /v1/models`, and the
+chat page (`GET /`, its files under `/page/`)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from gateway.metrics import queue_depths
 from gateway.openai import _error_response as openai_error
 from gateway.openai import chat_completions
 from gateway.openai_protocol import error_reply, exception_reply, http_error_reply
+from gateway.responses import create_response, response_item
 from gateway.state import Gateway
 from gateway.wsdoor import Session
 from shared.db.session import ping as db_ping
@@ -225,6 +226,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/v1/models", list_models),
             Route("/v1/models/{model_id:path}", retrieve_model),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/responses", create_response, methods=["POST"]),
+            Route("/v1/responses/{response_id}", response_item, methods=["GET", "DELETE"]),
             Route("/", chat_page),
             Mount("/page", StaticFiles(directory=PAGE_DIR), name="page"),
         ],

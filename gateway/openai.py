@@ -227,8 +227,9 @@ class CompletionResponse(Response):
         self._first = False
         return body
 
-    def _end(self, frame: dict[str, Any]) -> bytes:
-        """The events that end a stream: the final chunk (usage) and [DONE], or the error."""
+    async def _end(self, frame: dict[str, Any]) -> bytes:
+        """The events that end a stream: the final chunk (usage) and [DONE], or the error.
+        A coroutine so that a door can store the answer first (gateway/responses.py)."""
         if frame.get("type") == "error":
             return sse_error(frame_reply(frame))
         events = [self._encoder.final(frame, first=self._first)]
@@ -273,7 +274,7 @@ class CompletionResponse(Response):
                     out.append(self._token(frame["text"]))
                 elif frame.get("type") in ("done", "error"):
                     self.chat.eager = None
-                    out.append(self._end(frame))
+                    out.append(await self._end(frame))
                     await self._write(send, b"".join(out), more=False)
                     return
                 frame = None
@@ -302,6 +303,10 @@ class CompletionResponse(Response):
                 continue
             frame = orjson.loads(item)
 
+    async def _whole_body(self, text: str, frame: dict[str, Any]) -> bytes:
+        """The body of a whole answer, from its text and `done` frame."""
+        return orjson.dumps(completion(self.completion_id, self.created, self.model, text, frame))
+
     async def _whole(self, send: Send) -> None:
         frames = self.chat.frames
         texts: list[str] = []
@@ -317,9 +322,7 @@ class CompletionResponse(Response):
                 await self._send_error(send, frame)
                 return
             elif kind == "done":
-                body = orjson.dumps(
-                    completion(self.completion_id, self.created, self.model, "".join(texts), frame)
-                )
+                body = await self._whole_body("".join(texts), frame)
                 headers = [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Literal
@@ -158,11 +159,22 @@ def _content(value: object, where: str) -> str:
     )
 
 
-def _messages(raw: list[dict[str, Any]]) -> list[Message]:
+_MESSAGE_FIELDS = frozenset({"role", "content"})
+
+
+def _messages(
+    raw: list[dict[str, Any]],
+    *,
+    name: str = "messages",
+    fields: frozenset[str] = _MESSAGE_FIELDS,
+    content: Callable[[object, str], str] = _content,
+) -> list[Message]:
+    """Chat messages from a door's message list (`name`): `fields` are the fields an item may
+    have, `content` reads one's content (the Responses door reads its own parts)."""
     out = []
     for i, item in enumerate(raw):
-        where = f"messages[{i}]"
-        extra = set(item) - {"role", "content"}
+        where = f"{name}[{i}]"
+        extra = set(item) - fields
         if extra:
             raise _invalid(
                 f"{where}: unsupported field(s) {_names(list(extra))}; "
@@ -177,15 +189,13 @@ def _messages(raw: list[dict[str, Any]]) -> list[Message]:
             )
         if "content" not in item:
             raise _invalid(f"{where}.content is required", f"{where}.content")
-        out.append(Message(role=_ROLES[role], content=_content(item["content"], where)))  # type: ignore[arg-type]
+        out.append(Message(role=_ROLES[role], content=content(item["content"], where)))  # type: ignore[arg-type]
     return out
 
 
-def parse_chat_request(
-    body: bytes, *, chat_id: str, max_bytes: int, max_messages: int
-) -> ParsedRequest:
-    """Validate a `POST /v1/chat/completions` body, or raise InvalidRequest naming the
-    parameter at fault."""
+def parse_json_object(body: bytes, *, max_bytes: int) -> dict[str, Any]:
+    """A request body as a JSON object (every HTTP door's first step), or a 400 saying what is
+    wrong with it."""
     if len(body) > max_bytes:
         raise _invalid(f"the request body is {len(body)} bytes; the limit is {max_bytes}")
     try:
@@ -202,6 +212,15 @@ def parse_chat_request(
         raise _invalid("the request body is not valid UTF-8 JSON (a lone surrogate?)") from None
     if not isinstance(data, dict):
         raise _invalid("the request body must be a JSON object")
+    return data
+
+
+def parse_chat_request(
+    body: bytes, *, chat_id: str, max_bytes: int, max_messages: int
+) -> ParsedRequest:
+    """Validate a `POST /v1/chat/completions` body, or raise InvalidRequest naming the
+    parameter at fault."""
+    data = parse_json_object(body, max_bytes=max_bytes)
     unsupported = [k for k in data if k in UNSUPPORTED_PARAMETERS]
     if unsupported:
         raise _invalid(

@@ -159,6 +159,17 @@ class Keys:
         """String: set while a summary job for the conversation is queued or running."""
         return f"{self.prefix}:summary:{conversation_id}"
 
+    # --- stored responses (issue 44, the Responses API door) ----------------------------
+    def response(self, response_id: str) -> str:
+        """String (JSON): a stored response, its tenant and its conversation
+        (gateway/responses.py); expires FIRSTTOKEN_RESPONSES_TTL_S after it was written."""
+        return f"{self.prefix}:response:{response_id}"
+
+    def response_head(self, conversation_id: str) -> str:
+        """String: the id of a conversation's latest response, the only one that can be
+        continued (the conversation is one line of turns, not a tree)."""
+        return f"{self.prefix}:response:head:{conversation_id}"
+
     # --- semantic cache (issue 4) -------------------------------------------------------
     def cache_entry(self, entry_id: str) -> str:
         """Hash: one cached answer (question, context, vectors, answer, usage); expires by TTL."""

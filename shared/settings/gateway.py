@@ -96,6 +96,13 @@ class GatewaySettings(BaseModel):
         description="A connection with no frame from its client and no running chat for this "
         "long is closed.",
     )
+    responses_ttl_s: int = Field(
+        30 * 86400,
+        ge=60,
+        description="How long a stored response of the Responses API door (`store`, the "
+        "default) can be retrieved and continued with previous_response_id (30 days, as "
+        "OpenAI keeps them).",
+    )
     max_message_chars: int = Field(
         100_000, ge=1, description="Most characters in one message of a chat frame."
     )
