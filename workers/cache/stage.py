@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from shared.metrics import recorder
 from shared.settings import Settings
 from shared.tasks import ChatJob
-from workers.cache.calibrated import CALIBRATION
+from workers.cache.calibrated import CALIBRATION, RISKS
 from workers.cache.calibration import choose, threshold_for
+from workers.cache.folds import shipped_threshold
 from workers.cache.index import Vector
 from workers.cache.policy import Policy, Query, judge, servable, storable
 from workers.cache.store import CacheStore, NewEntry, StoredAnswer
@@ -52,18 +53,10 @@ class Lookup:
 
 def policy_from(settings: Settings, embedder: str) -> Policy:
     """The cache policy of these settings for vectors of model ``embedder``: the threshold is
-    the one set, else the one its calibration gives for the operator's risk."""
-    threshold = settings.cache_threshold
-    verifier = settings.cache_verifier
-    if threshold is None:
-        table = CALIBRATION.get(table_key(embedder, verifier), ())
-        if choose(table, settings.cache_max_error_rate) is None:
-            # No calibrated verified threshold meets the risk: the plain cosine at its
-            # strictest (a verified score is not on that scale).
-            verifier = "none"
-        threshold = threshold_for(
-            CALIBRATION, table_key(embedder, verifier), settings.cache_max_error_rate
-        )
+    the one set, else the one shipped for the operator's risk by the leave-one-fold-out
+    calibration (workers/cache/folds.py, calibrated.RISKS), else (a table without folds) the
+    one its calibration gives for that risk."""
+    threshold, verifier = _static(settings, embedder)
     return Policy(
         threshold=threshold,
         context_threshold=settings.cache_context_threshold,
@@ -72,6 +65,24 @@ def policy_from(settings: Settings, embedder: str) -> Policy:
         store_truncated=settings.cache_store_truncated,
         verifier=verifier,
     )
+
+
+def _static(settings: Settings, embedder: str) -> tuple[float, str]:
+    threshold = settings.cache_threshold
+    verifier = settings.cache_verifier
+    if threshold is not None:
+        return threshold, verifier
+    shipped = shipped_threshold(RISKS, table_key(embedder, verifier), settings.cache_max_error_rate)
+    if shipped is not None:
+        return shipped, verifier
+    table = CALIBRATION.get(table_key(embedder, verifier), ())
+    if choose(table, settings.cache_max_error_rate) is None:
+        # No calibrated verified threshold meets the risk: the plain cosine at its
+        # strictest (a verified score is not on that scale).
+        verifier = "none"
+    return threshold_for(
+        CALIBRATION, table_key(embedder, verifier), settings.cache_max_error_rate
+    ), verifier
 
 
 class CacheStage:

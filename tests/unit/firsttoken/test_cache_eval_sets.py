@@ -352,3 +352,21 @@ def test_cli_outside_a_checkout_says_how_to_find_the_sets(
     assert main(["cache", "eval", "--json"]) == 2
     err = capsys.readouterr().err
     assert "no tests/ beside it" in err and "--data-dir" in err
+
+
+def test_calibrate_folds_prints_each_fold_left_out_from_saved_fold_tables(tmp_path: Path) -> None:
+    """`cache calibrate --folds --points FILE` reads saved fold tables (no model loaded) and
+    prints, per risk, the threshold shipped and each fold at the threshold the others chose."""
+    rows = [[0.8, 3, 100, 50, 60], [0.9, 0, 100, 40, 60], [1.0, 0, 100, 30, 60]]
+    folds = {f"f{i}-en": rows for i in range(4)}
+    points = tmp_path / "folds.json"
+    points.write_text(json.dumps({"table": "m+overlap", "folds": folds}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "firsttoken", "cache", "calibrate", "--folds", "--points",
+         str(points), "--data-dir", str(_tiny_sets(tmp_path))],
+        cwd=ROOT, env={**child_env(), "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "max error rate 0.01: shipped threshold 0.9" in proc.stdout
+    assert "f3-en" in proc.stdout and "0/100" in proc.stdout
