@@ -19,7 +19,9 @@ from typing import Protocol
 import redis.asyncio as aioredis
 
 from shared.keys import BULK_QUEUE, CHAT_QUEUE, Keys
+from shared.logs import OutageLog
 from shared.modeltable import ModelSpec, ModelTable, model_table
+from shared.redis.client import UNREACHABLE
 from shared.redis.pipe import PipeScript, RedisPipe
 from shared.settings import Settings
 from shared.tasks import UsageRecord
@@ -130,16 +132,22 @@ class WorkerContext:
                 self._tasks.append(asyncio.create_task(sweeper.run(), name="usage-sweep"))
 
     async def _listen_cancels(self, pubsub: aioredis.client.PubSub) -> None:
+        outage = OutageLog(log, "cancel listener")
         while True:
             try:
                 msg = await pubsub.get_message(timeout=None)
             except asyncio.CancelledError:
                 await pubsub.aclose()
                 raise
-            except Exception:
-                log.warning("cancel listener lost Redis; retrying", exc_info=True)
+            except UNREACHABLE as exc:
+                outage.failed(exc)
                 await asyncio.sleep(0.5)
                 continue
+            except Exception:
+                log.warning("cancel listener failed; retrying", exc_info=True)
+                await asyncio.sleep(0.5)
+                continue
+            outage.ok()
             if msg is None or msg.get("type") != "message":
                 continue
             job_id = msg["data"]
@@ -150,6 +158,7 @@ class WorkerContext:
     async def _heartbeat(self, queues: tuple[str, ...]) -> None:
         host, pid = socket.gethostname(), os.getpid()
         ttl_ms = int(self.settings.worker_status_ttl_s * 1000)
+        outage = OutageLog(log, "heartbeat")
         while True:
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
@@ -177,8 +186,11 @@ class WorkerContext:
                         self.keys.worker_statuses, "-inf", now - self.settings.worker_status_ttl_s
                     )
                     await pipe.execute()
+                outage.ok()
             except asyncio.CancelledError:
                 raise
+            except UNREACHABLE as exc:
+                outage.failed(exc)
             except Exception:
                 log.warning("heartbeat failed", exc_info=True)
             await asyncio.sleep(self.settings.worker_heartbeat_s)

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseError
 
+from shared.logs import OutageLog
 from shared.redis.address import RedisAddress
 from shared.redis.connection import READ_SIZE, RedisConnection
 from shared.redis.resp import bulks, pack
@@ -89,6 +90,7 @@ class RedisPipe:
         self._up = asyncio.Event()
         self._drained = asyncio.Event()  # set whenever nothing waits for a reply
         self._down_since: float | None = None
+        self._outage = OutageLog(log, "Redis pipe")  # one line per outage, not per retry
         self.up_since = 0.0  # monotonic time of the last (re)connect
         self._task: asyncio.Task[None] | None = None
         self.errors = 0
@@ -217,7 +219,7 @@ class RedisPipe:
             # Either side ending means the connection is broken (each loops forever).
             errors = [t.exception() for t in done if not t.cancelled()]
             cause = errors[0] if errors else None
-            log.warning("Redis pipe lost its connection (%r); reconnecting", cause)
+            self._outage.failed(cause or ConnectionResetError("the connection was closed"))
             self._up.clear()
             self._down_since = time.monotonic()
             await conn.aclose()
@@ -228,9 +230,10 @@ class RedisPipe:
         while True:
             try:
                 await self._connect()
+                self._outage.ok()
                 return
             except (ConnectionError, OSError, RedisError) as exc:
-                log.warning("Redis pipe cannot reach Redis (%r); retrying", exc)
+                self._outage.failed(exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 

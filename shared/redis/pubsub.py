@@ -30,6 +30,7 @@ from collections.abc import Callable
 import hiredis
 from redis.exceptions import AuthenticationError
 
+from shared.logs import OutageLog
 from shared.redis.address import RedisAddress
 from shared.redis.connection import open_transport
 from shared.redis.resp import error_text, pack, reply_parser
@@ -90,6 +91,7 @@ class Subscriber:
         self._reconnecting: asyncio.Task[None] | None = None
         self._closed = False
         self._connected_at = 0.0
+        self._outage = OutageLog(log, "pub/sub")  # one line per outage, not per retry
         self._leaving: dict[bytes, None] = {}  # channels to UNSUBSCRIBE, in order
         self._leave_timer: asyncio.TimerHandle | None = None
         self.reconnects = 0
@@ -203,7 +205,7 @@ class Subscriber:
         self._transport = self._protocol = None
         if self._closed:
             return
-        log.warning("pub/sub connection to Redis lost (%r); reconnecting", exc)
+        self._outage.failed(exc or ConnectionResetError("the connection was closed"))
         # A connection that drops at once (refused AUTH, say) is not retried in a tight loop.
         lived = asyncio.get_running_loop().time() - self._connected_at
         self._reconnecting = asyncio.ensure_future(self._reconnect(0.0 if lived > 1.0 else 1.0))
@@ -216,13 +218,14 @@ class Subscriber:
                 await self._connect()
                 break
             except OSError as exc:  # TimeoutError included
-                log.warning("pub/sub cannot reach Redis (%r); retrying in %.2fs", exc, delay)
+                self._outage.failed(exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
         self._reconnecting = None
         if self._closed or self._transport is None:
             return
         self.reconnects += 1
+        self._outage.ok()
         log.info("pub/sub reconnected; %d channels subscribed again", len(self._handlers))
         if self.on_reconnect is not None:
             try:

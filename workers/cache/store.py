@@ -23,6 +23,8 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from shared.keys import Keys
+from shared.logs import OutageLog
+from shared.redis.client import UNREACHABLE
 from workers.cache.index import CacheIndex, Vector
 from workers.cache.policy import Candidate
 
@@ -144,6 +146,7 @@ class CacheStore:
         return loaded
 
     async def _follow(self) -> None:
+        outage = OutageLog(log, "cache follower")
         while True:
             try:
                 reply = await self.redis.xread(
@@ -151,10 +154,15 @@ class CacheStore:
                 )
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.warning("cache follower lost Redis; retrying", exc_info=True)
+            except UNREACHABLE as exc:
+                outage.failed(exc)
                 await asyncio.sleep(0.5)
                 continue
+            except Exception:
+                log.warning("cache follower failed; retrying", exc_info=True)
+                await asyncio.sleep(0.5)
+                continue
+            outage.ok()
             for _stream, events in reply or ():
                 for event_id, fields in events:
                     self._apply(fields)

@@ -38,6 +38,7 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from shared.heap import FirstUse
 from shared.keys import CHAT_QUEUE, Keys
+from shared.logs import OutageLog
 from shared.redis import scripts
 from shared.redis.address import RedisAddress
 from shared.redis.connection import RedisConnection
@@ -125,6 +126,7 @@ class QueueConsumer:
         self._stopping = False
         self._waiting_for_slot = False
         self._read_task: asyncio.Task[None] | None = None
+        self._outage = OutageLog(log, "chat queue read")  # one line per outage, not per retry
         self.running: set[asyncio.Task[None]] = set()
         self.started = 0  # tasks started so far
         # The in-flight gauge (shared/metrics/), set by the chat pool when metrics are on.
@@ -162,7 +164,7 @@ class QueueConsumer:
                     messages = await self._pop(taken)
                 except (RedisError, OSError) as exc:
                     self._release(taken)
-                    log.warning("chat queue read failed (%s); retrying in %.1f s", exc, backoff)
+                    self._outage.failed(exc)
                     await asyncio.sleep(backoff)
                     # At most a second apart: the heartbeat comes back within one once Redis
                     # does, and gateways then enqueue here; a reader still backing off for
@@ -173,6 +175,7 @@ class QueueConsumer:
                     self._release(taken)
                     raise
                 backoff = 0.1
+                self._outage.ok()
                 self._release(taken - len(messages))
                 for raw in messages:
                     self._start(raw)

@@ -21,7 +21,9 @@ from typing import Protocol
 import redis.asyncio as aioredis
 
 from shared.keys import CHAT_QUEUE, Keys
+from shared.logs import OutageLog
 from shared.redis import scripts
+from shared.redis.client import UNREACHABLE
 from shared.redis.pipe import RedisPipe
 from shared.settings import Settings
 from shared.tasks import ChatJob
@@ -123,12 +125,16 @@ class LeaseKeeper:
         interval = self._ctx.settings.worker_heartbeat_s / 2
         # Nobody can have claimed a chat of a worker that is only starting.
         self._leases.move_fence(time.monotonic() + self._ctx.settings.worker_lost_s)
+        outage = OutageLog(log, "failover check")
         while True:
             try:
                 await self.tick()
+                outage.ok()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # Redis down: the next tick tries again
+            except UNREACHABLE as exc:  # Redis down: the next tick tries again
+                outage.failed(exc)
+            except Exception:
                 log.warning("failover check failed", exc_info=True)
             await asyncio.sleep(interval)
 
