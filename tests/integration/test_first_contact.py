@@ -1,13 +1,16 @@
 """Issue 42 ("first contact") against the real stack, the official `openai` SDK as the HTTP
 client: OpenAI's error shape on every `/v1` route (401, 404, 405), `models.retrieve`, one model
 name in every chunk of an `auto` stream, blank questions refused on both doors before anything
-reaches the engine, and an invalid UTF-8 websocket frame logged as one WARNING line."""
+reaches the engine, an invalid UTF-8 websocket frame logged as one WARNING line, and the first
+question after `firsttoken kb add` answered with the document within the kb's 150 ms."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,7 +19,9 @@ import pytest
 import websockets
 
 from firsttoken.openaiclient import base_url, default_model
-from tests.integration.conftest import Stack
+from tests.integration.conftest import Services, Stack
+from tests.integration.issue5 import ask, client, issue5_stack, new_tenant
+from tests.support import child_env, python_cmd
 
 pytestmark = pytest.mark.integration
 
@@ -145,3 +150,46 @@ async def test_an_invalid_utf8_frame_is_one_warning_without_a_traceback(
     assert "Traceback" not in new and "ERROR" not in new, new[-2000:]
     warnings = [line for line in new.splitlines() if "WARNING" in line and "UTF-8" in line]
     assert len(warnings) == 1, new[-2000:]
+
+
+DOC = """# Heron runbook
+
+## Restarting the heron relay
+
+To restart the heron relay, run `heronctl bounce --drain 30` on the relay host, then check
+that the relay dashboard shows every shard green.
+"""
+
+
+def test_the_first_question_after_kb_add_uses_the_document(
+    services: Services, migrated: str, tmp_path: Path
+) -> None:
+    """The kb source at its shipped 150 ms deadline: the worker loaded the embedding model at
+    its start, so the very first question after `kb add` gets the document."""
+    with issue5_stack(services, migrated, tmp_path) as stack:
+        name, _, key = asyncio.run(new_tenant(stack.services.database_url))
+        doc = tmp_path / "heron.md"
+        doc.write_text(DOC)
+        env = child_env(
+            database_url=stack.services.database_url, redis_url=stack.services.redis_url
+        )
+        added = subprocess.run(
+            python_cmd("-m", "firsttoken", "kb", "add", "--tenant", name, str(doc)),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert added.returncode == 0, added.stderr
+
+        async def first_question() -> dict[str, Any]:
+            c = await client(stack, key)
+            try:
+                return await ask(c, "q1", "How do I restart the heron relay?", cache=False)
+            finally:
+                await c.ws.close()
+
+        done = asyncio.run(first_question())
+        assert done["type"] == "done", done
+        assert done["retrieval"]["sources"]["kb"]["status"] == "ok", done["retrieval"]
+        assert done["chunk_ids"] and all(i.startswith("kb:") for i in done["chunk_ids"]), done

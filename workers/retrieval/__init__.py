@@ -22,7 +22,7 @@ from workers.retrieval.assembly import (
     start_background,
     warm_up,
 )
-from workers.retrieval.sources import sources_for, warm_queries
+from workers.retrieval.sources import sources_for, warm_kb, warm_queries
 
 __all__ = [
     "BACKGROUND_SOURCES",
@@ -35,6 +35,7 @@ __all__ = [
     "settle_background",
     "sources_for",
     "start_background",
+    "warm_kb",
     "warm_queries",
     "warm_up",
 ]

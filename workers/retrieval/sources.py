@@ -31,8 +31,8 @@ from sqlalchemy import select
 from shared.db.models import Conversation, MessageRow, TenantPrompt
 from shared.settings import Settings
 from shared.tasks import ChatJob
-from workers.db import database
 from workers.conversation import StoredMessage
+from workers.db import database
 from workers.embeddings.base import Embedder
 from workers.kb.index import KbIndexes
 from workers.kb.store import kb_version, load_chunks
@@ -168,9 +168,9 @@ class KbSource:
         # that streams other chats (this chat skips the kb if it is late).
         embedder = await loop.run_in_executor(self.kb.executor, self.kb.embedder)
         if self.kb.indexes.version(query.tenant_id) != version:
-            async with database.sessionmaker()() as session:
-                rows = await load_chunks(session, query.tenant_id, embedder.name)
-            self.kb.indexes.load(query.tenant_id, version, rows)
+            # Shielded: a chat whose deadline passes leaves the load running, and the next
+            # chat waits for it rather than starting it again (issue 42).
+            await asyncio.shield(self.kb.load(query.tenant_id, version, embedder.name))
         vectors = await loop.run_in_executor(self.kb.executor, embedder.embed, [query.question])
         hits = self.kb.indexes.search(query.tenant_id, vectors[0], self.top_k, self.min_score)
         return [ContextChunk(f"kb:{h.chunk_id}", h.text, h.score) for h in hits]
@@ -213,6 +213,8 @@ class KbState:
     )
     _embedder: Embedder | None = None
     _indexes: KbIndexes | None = None
+    # One load of a tenant's index at a time (tenant -> its load in progress).
+    _loading: dict[str, asyncio.Future[None]] = field(default_factory=dict)
 
     def embedder(self) -> Embedder:
         if self._embedder is None:
@@ -226,6 +228,30 @@ class KbState:
         if self._indexes is None:
             self._indexes = KbIndexes(self.embedder().dim)
         return self._indexes
+
+    def load(self, tenant_id: str, version: Any, model: str) -> asyncio.Future[None]:
+        """Load a tenant's index at `version`: the load in progress, or a new one."""
+        loading = self._loading.get(tenant_id)
+        if loading is None:
+            loading = asyncio.ensure_future(self._load(tenant_id, version, model))
+            self._loading[tenant_id] = loading
+            loading.add_done_callback(lambda _: self._loading.pop(tenant_id, None))
+        return loading
+
+    async def _load(self, tenant_id: str, version: Any, model: str) -> None:
+        async with database.sessionmaker()() as session:
+            rows = await load_chunks(session, tenant_id, model)
+        self.indexes.load(tenant_id, version, rows)
+
+
+async def warm_kb(settings: Settings) -> None:
+    """Load the knowledge base's embedding model at a chat worker's start, on its thread: a
+    first load takes seconds, far past the kb source's deadline (150 ms), and the first
+    questions after `firsttoken kb add` would go without their document (issue 42)."""
+    if settings.kb_top_k == 0:
+        return
+    kb = _kb_state(settings)
+    await asyncio.get_running_loop().run_in_executor(kb.executor, kb.embedder)
 
 
 _kb: KbState | None = None
