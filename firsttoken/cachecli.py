@@ -535,3 +535,6 @@ def add_parser(subparsers: Any) -> None:
         "print its path.",
     )
     p.set_defaults(fn=_cmd_prepare)
+    from firsttoken.cacheonline import add_parsers
+
+    add_parsers(actions)

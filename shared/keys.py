@@ -192,3 +192,18 @@ class Keys:
     def cache_events(self) -> str:
         """Stream of added/removed entries that every chat worker process follows."""
         return f"{self.prefix}:cache:events"
+
+    def cache_verdicts(self, tenant_id: str) -> str:
+        """Hash: score bucket -> verified / disagreed counts of the tenant's verified lookups
+        (fields `n:<bucket>`, `d:<bucket>`; workers/cache/online.py)."""
+        return f"{self.prefix}:cache:verdicts:{tenant_id}"
+
+    def cache_stats(self, tenant_id: str) -> str:
+        """Hash: the tenant's cache counters (lookups by tier, verified, disagreed) and the
+        threshold in force with its estimate, for `firsttoken cache report`."""
+        return f"{self.prefix}:cache:stats:{tenant_id}"
+
+    @property
+    def cache_stats_tenants(self) -> str:
+        """Set of tenant ids with cache counters."""
+        return f"{self.prefix}:cache:stats:tenants"

@@ -128,6 +128,17 @@ class Recorder:
             if result is not None:
                 self.series.lookups[result].inc()
 
+    def cache_verification(self, agree: bool) -> None:
+        """One semantic-cache verdict (workers/cache/stage.py)."""
+        if self.series is not None:
+            self.series.cache_verifications.labels("agree" if agree else "disagree").inc()
+
+    def cache_wrong_rate(self, tenant: str, rate: float, upper: float) -> None:
+        """A tenant's wrong-serve estimate at its threshold in force, as last refreshed."""
+        if self.series is not None:
+            self.series.cache_wrong_rate.labels(tenant, "point").set(rate)
+            self.series.cache_wrong_rate.labels(tenant, "upper").set(upper)
+
     def worker_load(self, worker: str, capacity: int) -> Gauge | None:
         """A chat worker's in-flight gauge (its reader incs and decs it), its capacity set."""
         if self.series is None:

@@ -72,6 +72,21 @@ class Series:
             ["result"],
             registry=registry,
         )
+        self.cache_verifications = Counter(
+            "firsttoken_cache_verifications",
+            "Semantic-cache verdicts (issue 45): a cached answer compared with the engine's, "
+            "for a sampled hit or a near miss: agree | disagree.",
+            ["verdict"],
+            registry=registry,
+        )
+        self.cache_wrong_rate = Gauge(
+            "firsttoken_cache_wrong_serve_rate",
+            "A tenant's estimated semantic wrong-serve rate at its threshold in force, from "
+            "its verdicts: point | upper (the 95% bound held within cache_max_error_rate).",
+            ["tenant", "estimate"],
+            multiprocess_mode="max",
+            registry=registry,
+        )
         self.engine_errors = Counter(
             "firsttoken_engine_errors",
             "Chats the engine failed (kind engine_error) or did not answer in time (timeout).",

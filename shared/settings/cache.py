@@ -36,6 +36,54 @@ class CacheSettings(BaseModel):
         description="Least cosine similarity of two questions for a hit; set, it overrides "
         "the threshold chosen from cache_max_error_rate.",
     )
+    # --- online verification (issue 45) ---------------------------------------------------
+    cache_verify_rate: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Share of semantic hits also answered by the engine in the background (off "
+        "the user's path) and judged against the cached answer; the verdicts move the tenant's "
+        "threshold so that the 95% upper bound of its wrong-serve rate stays within "
+        "cache_max_error_rate (workers/cache/online.py). 0: off; cache_threshold pins it.",
+    )
+    cache_verify_judge: Literal["embedding", "llm", "score"] = Field(
+        "embedding",
+        description="How a cached answer and the engine's are compared: embedding (the answers' "
+        "cosine against cache_verify_cut), llm (a yes/no question to the engine) or score (a "
+        "cross-encoder at cache_verify_score_url: vLLM /score or TEI /rerank).",
+    )
+    cache_verify_cut: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="Embedding judge: two answers agree when their cosine is at least this "
+        "(a default, not calibrated on labelled answers: the repository has none).",
+    )
+    cache_verify_score_url: str | None = Field(
+        None, description="Score judge: the /score or /rerank URL of a scoring server."
+    )
+    cache_verify_score_cut: float = Field(
+        0.5, ge=0, le=1, description="Score judge: the least score for two answers to agree."
+    )
+    cache_verify_band: float = Field(
+        0.05,
+        ge=0,
+        le=0.5,
+        description="A lookup scoring this far under the threshold is a near miss: its best "
+        "candidate's answer is compared with the engine's once it comes (no engine cost).",
+    )
+    cache_verify_min: int = Field(
+        100,
+        ge=1,
+        description="Verdicts needed at a threshold before the evidence may move the tenant's "
+        "threshold away from the shipped one.",
+    )
+    cache_verify_refresh_s: float = Field(
+        10.0, gt=0, description="How often a worker re-reads a tenant's verdicts."
+    )
+    cache_verify_concurrency: int = Field(
+        1, ge=1, le=64, description="Background verifications one worker process runs at once."
+    )
     cache_verifier: Literal["overlap", "none"] = Field(
         "overlap",
         description="How a cached question's similarity is judged: overlap (the cosine "

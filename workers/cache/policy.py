@@ -155,6 +155,14 @@ class Candidate:
     completion_tokens: int
 
 
+def scored(policy: Policy, query: Query, candidate: Candidate, score: float) -> float:
+    """The score ``judge`` compares with the threshold: the cosine, adjusted by the verifier
+    for the shape of the edit (the bucket a verdict is counted in, workers/cache/online.py)."""
+    if policy.verifier == VERIFIER and score >= policy.min_score:
+        return verified_score(score, shape(candidate.question, query.raw_question))
+    return score
+
+
 def judge(
     policy: Policy,
     query: Query,

@@ -23,8 +23,9 @@ from workers.cache.calibrated import CALIBRATION, RISKS
 from workers.cache.calibration import choose, threshold_for
 from workers.cache.folds import shipped_threshold
 from workers.cache.index import Vector
-from workers.cache.policy import Policy, Query, judge, servable, storable
+from workers.cache.policy import Policy, Query, judge, scored, servable, storable
 from workers.cache.store import CacheStore, NewEntry, StoredAnswer
+from workers.cache.verification import OnlineVerifier
 from workers.cache.verify import NAME as VERIFIER
 from workers.cache.verify import dictionary, table_key
 from workers.chat.publish import JobPublisher
@@ -49,6 +50,11 @@ class Lookup:
     vector: Vector | None = None
     context_vector: Vector | None = None
     reasons: list[str] = field(default_factory=list)
+    score: float | None = None  # a semantic hit's score, as the threshold compared it
+    # A near miss (workers/cache/online.py): the best candidate scored just under the
+    # threshold; its answer is compared with the engine's once it comes.
+    near: StoredAnswer | None = None
+    near_score: float = 0.0
 
 
 def policy_from(settings: Settings, embedder: str) -> Policy:
@@ -104,6 +110,7 @@ class CacheStage:
         )
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="embed")
         self._pending: set[asyncio.Task[None]] = set()
+        self.online = OnlineVerifier(ctx, self)
 
     async def embed(self, texts: list[str]) -> list[Vector]:
         assert self.embedder is not None
@@ -158,22 +165,34 @@ class CacheStage:
             query.partition,
             result.vector,
             k=self.settings.cache_candidates,
-            min_score=self.policy.min_score,
+            min_score=self.online.min_score(job.tenant_id),
         )
         if not found:
             return result
+        policy = self.online.policy_for(job.tenant_id)
+        near_policy = self.online.near_policy(policy)
         # The query's count is asked once however many candidates there are (a long question
         # is tokenized for it).
         read_chars = functools.cache(self.embedder.read_chars)
 
         def first_hit() -> StoredAnswer | None:
             for score, candidate, answer in found:
-                reason = judge(
-                    self.policy, query, candidate, score, result.context_vector, read_chars
-                )
+                reason = judge(policy, query, candidate, score, result.context_vector, read_chars)
                 if reason is None:
+                    result.score = scored(policy, query, candidate, score)
                     return answer
                 result.reasons.append(reason)
+                if (
+                    reason == "similarity"
+                    and near_policy is not None
+                    and result.near is None
+                    and judge(
+                        near_policy, query, candidate, score, result.context_vector, read_chars
+                    )
+                    is None
+                ):
+                    result.near = answer
+                    result.near_score = scored(policy, query, candidate, score)
             return None
 
         if len(query.raw_question) > JUDGE_OFF_LOOP_CHARS:
@@ -185,6 +204,7 @@ class CacheStage:
             hit = first_hit()
         if hit is not None:
             result.hit, result.tier = hit, "semantic"
+            self.online.hit(job, model, hit, result.score)
         return result
 
     def replay(
@@ -201,6 +221,7 @@ class CacheStage:
                 points["first_chunk_published"] = time.time()
         points["finished"] = time.time()
         self._background(self.store.touch(job.tenant_id, hit.entry_id))
+        self.online.replayed(job)
 
     def remember(
         self,
@@ -214,7 +235,16 @@ class CacheStage:
         prompt_tokens: int,
         completion_tokens: int,
     ) -> None:
-        """Store a clean answer in the background (after `done` went out)."""
+        """Store a clean answer in the background (after `done` went out); a near miss's
+        candidate is compared with it."""
+        if lookup.near is not None and lookup.query is not None and status == "ok" and answer:
+            self.online.near_miss(
+                lookup.query.tenant,
+                lookup.query.raw_question,
+                lookup.near,
+                lookup.near_score,
+                answer,
+            )
         if lookup.query is None or not storable(
             self.policy,
             status=status,
@@ -258,6 +288,9 @@ class CacheStage:
                 completion_tokens=completion_tokens,
             )
         )
+
+    def background(self, coro: object) -> None:
+        self._background(coro)
 
     def _background(self, coro: object) -> None:
         async def guarded() -> None:
@@ -325,6 +358,7 @@ async def lookup(
             return None, Lookup(tier="off")
         result = await stage.lookup(job, model, query)
         recorder.cache_lookup(result.tier, bool(result.reasons))
+        stage.online.count(job.tenant_id, result.tier)
         return stage, result
     except Exception:
         log.warning("cache lookup failed; answering uncached", exc_info=True)

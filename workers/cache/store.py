@@ -269,6 +269,20 @@ class CacheStore:
             await self.evict(entry.tenant, size - self.max_entries)
         return entry_id
 
+    async def drop(self, tenant: str, entry_id: str) -> None:
+        """Drop one entry everywhere (judged wrong by a verification)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrem(self.keys.cache_lru(tenant), entry_id)
+            pipe.delete(self.keys.cache_entry(entry_id))
+            pipe.xadd(
+                self.keys.cache_events,
+                {"op": "del", "id": entry_id},
+                maxlen=EVENTS_MAXLEN,
+                approximate=True,
+            )
+            await pipe.execute()
+        self.index.remove(int(entry_id))
+
     async def evict(self, tenant: str, count: int) -> list[str]:
         """Drop the tenant's ``count`` least recently used entries everywhere."""
         popped = await self.redis.zpopmin(self.keys.cache_lru(tenant), count)
