@@ -2,6 +2,8 @@
 
 Lookups go to Redis (written by `firsttoken keys create` and filled from the database on a
 miss), and are trusted in-process for `auth_cache_s` so a reconnect storm costs no round trips.
+Requests that miss at the same moment (a burst of HTTP requests with one key: the HTTP door
+checks the key per request, the websocket per connection) share one lookup.
 
 Redis is only a cache of the database here: with Redis down a key is looked up in the database
 alone. With the database down too (or a key Redis does not hold), the client is told
@@ -10,6 +12,7 @@ alone. With the database down too (or a key Redis does not hold), the client is 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -67,13 +70,18 @@ class Authenticator:
         self._cache_s = cache_s
         self._defaults = defaults or Limits()
         self._cache: dict[str, tuple[float, Principal | None]] = {}
+        # The lookup in flight per key, which every request missing meanwhile awaits.
+        self._lookups: dict[str, asyncio.Task[Principal | None]] = {}
 
     def invalidate(self, key_hash: str) -> None:
-        """Forget a cached lookup (a key was revoked or changed on some gateway's CLI)."""
+        """Forget a cached lookup (a key was revoked or changed on some gateway's CLI); a
+        lookup in flight is not cached, and the next request looks the key up afresh."""
         self._cache.pop(key_hash, None)
+        self._lookups.pop(key_hash, None)
 
     def invalidate_all(self) -> None:
         self._cache.clear()
+        self._lookups.clear()
 
     async def authenticate(self, key: str | None) -> Principal:
         if not key:
@@ -86,13 +94,31 @@ class Authenticator:
         if hit is not None and now - hit[0] < self._cache_s:
             principal = hit[1]
         else:
-            principal = await self._lookup(digest)
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-            self._cache[digest] = (now, principal)
+            principal = await self._shared_lookup(digest, now)
         if principal is None:
             raise Unauthorized("invalid or revoked API key")
         return principal
+
+    async def _shared_lookup(self, digest: str, now: float) -> Principal | None:
+        """One lookup per key at a time: a request missing while one is in flight awaits it
+        (shielded: a request that goes away does not cancel it for the others)."""
+        task = self._lookups.get(digest)
+        if task is None:
+            task = asyncio.ensure_future(self._lookup(digest))
+            self._lookups[digest] = task
+            task.add_done_callback(lambda t: self._looked_up(digest, now, t))
+        return await asyncio.shield(task)
+
+    def _looked_up(self, digest: str, started: float, task: asyncio.Task[Principal | None]) -> None:
+        """Cache a finished lookup, unless the key was invalidated while it was in flight."""
+        if self._lookups.get(digest) is not task:
+            return
+        del self._lookups[digest]
+        if task.cancelled() or task.exception() is not None:
+            return
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[digest] = (started, task.result())
 
     async def _lookup(self, digest: str) -> Principal | None:
         record = await self._redis_record(digest)

@@ -193,11 +193,15 @@ class JobOwner:
         self.send(dumps(frame))
 
     # --- the chat path ----------------------------------------------------------------
-    async def open_job(self, frame: ChatFrame) -> tuple[Job, str | None]:
+    async def open_job(
+        self, frame: ChatFrame, received_at: float | None = None
+    ) -> tuple[Job, str | None]:
         """Admit a chat and enqueue it: the job relaying it and its conversation id. Raises
-        the first rule it breaks; a refused chat never reaches the queue."""
+        the first rule it breaks; a refused chat never reaches the queue. `received_at`: when
+        the door got the request (the HTTP door reads, authenticates and validates a body
+        first: its `accept_ms` includes that), else now."""
         gw, settings = self.gw, self.gw.settings
-        received = time.time()
+        received = time.time() if received_at is None else received_at
         limits = self.principal.limits
         admitted = admit_chat(
             frame, running=self.jobs, rules=settings, models=gw.models, limits=limits

@@ -102,6 +102,7 @@ async def _read_body(request: Request, limit: int) -> tuple[bytes, int]:
 
 
 async def chat_completions(request: Request) -> Response:
+    received = time.time()  # the chat's first timing point: its body, key and checks count
     gw: Gateway = request.app.state.gateway
     settings = gw.settings
     try:
@@ -129,7 +130,7 @@ async def chat_completions(request: Request) -> Response:
         chat = HttpChat(gw, principal)
         if tracing.on:
             chat.client_trace = from_headers(request.headers)
-        job, _ = await chat.open_job(parsed.frame)
+        job, _ = await chat.open_job(parsed.frame, received)
     except ClientDisconnect:
         return Response(status_code=400)  # nobody is there to read it
     except FirstTokenError as exc:
