@@ -141,7 +141,9 @@ async def test_with_a_head_start_a_semantic_hit_never_reaches_the_engine(
         assert s.sim_metric("firsttoken_sim_requests_started_total") == started
         _, miss = await _ask(client, "h-miss", "Which colours does the rain jacket come in?")
         assert miss["cached"] is False
-        assert s.sim_metric("firsttoken_sim_requests_started_total") == started + 1
+        # Two: the request the hit raced (head start 0: aborted once the hit was found) and
+        # the verification.
+        assert s.sim_metric("firsttoken_sim_requests_started_total") == started + 2
         await client.ws.close()
 
 
@@ -315,3 +317,43 @@ async def test_restarted_workers_rebuild_from_redis(cstack: Stack) -> None:
     again, done = await _ask(client, "w2", "How can I export my data?")
     assert done["cached"] is True and again == answer
     await client.ws.close()
+
+
+async def test_a_semantic_hit_is_verified_in_the_background_after_its_answer(
+    services: Services, migrated: str, tmp_path: Any
+) -> None:
+    """With cache_verify_rate=1 a semantic hit is answered from the cache at once, and only
+    then asked of the simulator again (its engine takes 1 s to a first token): the verdict
+    lands in Redis after the hit's `done`."""
+    with make_stack(
+        services,
+        migrated,
+        tmp_path,
+        workers=1,
+        bulk=False,
+        sim_args=("--ttft-ms", "1000", "--itl-ms", "5", "--max-tokens", "16"),
+        cache_verify_rate="1.0",
+    ) as s:
+        s.wait_ready()
+        client = await _client(s)
+        await _stored(client, "How do I reset my password?", "v", s)
+        started = s.sim_metric("firsttoken_sim_requests_started_total")
+        t0 = time.monotonic()
+        _, done = await _ask(client, "v-hit", "How can I reset my password?")
+        took = time.monotonic() - t0
+        assert done["cached"] is True, done
+        assert took < 1.0, took  # the hit did not wait for the engine's 1 s first token
+        with s.redis() as r:
+            keys = [k for k in r.scan_iter(match="*cache:stats:*") if not k.endswith("tenants")]
+            assert not any(r.hget(k, "verified") for k in keys)  # not yet: engine still busy
+            deadline = time.monotonic() + 15
+            verified = 0
+            while time.monotonic() < deadline and not verified:
+                await asyncio.sleep(0.2)
+                keys = [k for k in r.scan_iter(match="*cache:stats:*") if not k.endswith("tenants")]
+                verified = sum(int(r.hget(k, "verified") or 0) for k in keys)
+        assert verified == 1
+        # Two: the request the hit raced (head start 0: aborted once the hit was found) and
+        # the verification.
+        assert s.sim_metric("firsttoken_sim_requests_started_total") == started + 2
+        await client.ws.close()
