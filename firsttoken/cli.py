@@ -6,16 +6,21 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from shared.errors import ConfigError
 from shared.keys import BULK_QUEUE, CHAT_QUEUE, QUEUES
+
+if TYPE_CHECKING:
+    from shared.settings import Settings
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
     from firsttoken.up import run_up
 
-    return run_up(port=args.port, host=args.host)
+    return run_up(port=args.port, host=args.host, drain=args.drain)
 
 
 def _cmd_gateway(args: argparse.Namespace) -> int:
@@ -41,7 +46,9 @@ def worker_argv(
     reads the chat queue on the process loop), so a pool thread would only sit idle. Bulk and
     summarize tasks block on the database and need real threads; a worker for chat and other
     queues uses threads too. Worker heartbeats (what Flower counts a worker online by) are
-    sent only with `events`."""
+    sent only with `events`. With no `name`, a unique one (firsttoken/workername.py)."""
+    from firsttoken.workername import default_name, procfile_environ
+
     solo = queues == [CHAT_QUEUE]
     argv = [
         "--quiet",
@@ -53,7 +60,7 @@ def worker_argv(
         "-c",
         str(1 if solo else concurrency),
         "-n",
-        name or f"{'-'.join(queues)}@%h",
+        name or default_name(queues, procfile_environ(), os.getpid()),
         "-l",
         loglevel,
         "--without-gossip",
@@ -86,6 +93,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         # run in the time the chat path leaves idle (their queues absorb the wait).
         os.nice(settings.background_nice)
         _lower_session_priority(settings.background_nice)
+    refused = _name_taken(settings, args.name)
+    if refused:
+        print(refused, file=sys.stderr)
+        return 1
+    if args.embedded:
+        _quiet_root_warning()
     from workers.app import app
 
     if queues == [CHAT_QUEUE]:
@@ -106,6 +119,46 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def _name_taken(settings: Settings, name: str | None) -> str | None:
+    """The refusal line when a live worker already has `name`; None to go on. A default name
+    carries this process's pid, so only an explicit one is looked up. Redis not answering is
+    no reason to refuse: Celery retries its connection at start (a worker started before its
+    Redis, as under docker compose), and its name is checked against nothing then."""
+    if name is None:
+        return None
+    import asyncio
+
+    from firsttoken.workername import find_live, node_name, refusal
+    from shared.redis.client import UNREACHABLE
+
+    try:
+        live = asyncio.run(find_live(settings, node_name(name)))
+    except UNREACHABLE as exc:
+        print(
+            f"firsttoken worker: could not check that no live worker is named {name} "
+            f"(Redis: {exc}); starting anyway",
+            file=sys.stderr,
+        )
+        return None
+    return refusal(live) if live is not None else None
+
+
+def _quiet_root_warning() -> None:
+    """`firsttoken up`'s workers: no SecurityWarning for running as root. Celery warns (once
+    per worker, a 7-line block each) whenever uid 0 starts a worker, which is every `up` in a
+    container or on a root shell; the danger it guards against, pickle as root, cannot occur
+    here: the app accepts JSON only (workers/app.py), and Celery refuses to start at all with
+    pickle as root. Deployed workers (`firsttoken worker` alone, the Procfile, Kubernetes)
+    keep the warning: there, running as root is worth hearing about."""
+    import warnings
+
+    from celery.exceptions import SecurityWarning
+
+    warnings.filterwarnings(
+        "ignore", message="You're running the worker with superuser", category=SecurityWarning
+    )
 
 
 def _lower_session_priority(nice: int) -> None:
@@ -135,8 +188,17 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 def _cmd_chat(args: argparse.Namespace) -> int:
     from firsttoken.client import run_chat
 
+    question = args.question
+    if question == "-":
+        question = sys.stdin.read().strip()
+        if not question:
+            print(
+                "firsttoken chat: no question on stdin (`chat -` reads it from there)",
+                file=sys.stderr,
+            )
+            return 2
     return run_chat(
-        args.question,
+        question,
         url=args.url,
         api_key=args.api_key,
         model=args.model,
@@ -144,6 +206,21 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         no_cache=args.no_cache,
         openai=args.openai,
     )
+
+
+def _cmd_celery(args: argparse.Namespace) -> int:
+    """`celery -A workers.app ARGS`, pointed at the stack: the environment, else the running
+    `firsttoken up`'s Redis and prefix (main() filled them in and said which)."""
+    if not args.rest:
+        print(
+            "firsttoken celery: give celery's arguments, e.g. `firsttoken celery inspect ping`",
+            file=sys.stderr,
+        )
+        return 2
+    argv = [sys.executable, "-m", "celery", "-A", "workers.app", *args.rest]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)  # its signals and exit code are celery's own
 
 
 def _cmd_sim_server(args: argparse.Namespace) -> int:
@@ -173,6 +250,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="firsttoken",
         description="Low-latency serving stack for AI chat. `firsttoken up` runs it all locally.",
     )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback of an error (first, before the command)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(
@@ -198,6 +280,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--port", type=int, default=None, help="gateway port (default FIRSTTOKEN_PORT, 8000)"
     )
     p.add_argument("--host", default=None, help="gateway bind address (default FIRSTTOKEN_HOST)")
+    p.add_argument(
+        "--drain",
+        action="store_true",
+        help="on Ctrl-C, let in-flight chats finish (up to the workers' 30 s grace) before "
+        "stopping; without it everything stops within 2 s",
+    )
 
     p = add("gateway", _cmd_gateway, "Run one gateway process (websocket + health + metrics).")
     p.add_argument("--port", type=int, default=None, help="port (default FIRSTTOKEN_PORT)")
@@ -229,9 +317,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--name",
         default=None,
-        help="Celery node name, as `celery inspect` shows it (default QUEUES@hostname; "
-        "%%h is the host name)",
+        help="Celery node name, as `celery inspect` shows it (default QUEUES-PID@hostname, "
+        "or PROCESS-PID@hostname under foreman, whose PS names the Procfile process; %%h is "
+        "the host name); a worker refuses a name a live worker already has",
     )
+    # `firsttoken up`'s workers (see _quiet_root_warning); not for operators.
+    p.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
     p.add_argument(
         "--loglevel",
         default="warning",
@@ -253,7 +344,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         _cmd_chat,
         "Ask a running stack one question; streams the answer and prints the timings.",
     )
-    p.add_argument("question", help="the question")
+    p.add_argument("question", help="the question; - reads it from stdin")
     p.add_argument(
         "--url",
         default=None,
@@ -277,6 +368,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
 
     p = add(
+        "celery",
+        _cmd_celery,
+        "Run `celery -A workers.app ARGS` against this stack (FIRSTTOKEN_REDIS_URL and "
+        "_PREFIX, else the `firsttoken up` running in this directory), e.g. "
+        "`firsttoken celery inspect ping`.",
+    )
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="celery's arguments")
+
+    p = add(
         "sim-server",
         _cmd_sim_server,
         "Run the simulated OpenAI-compatible engine (see `firsttoken sim-server --help`).",
@@ -292,22 +392,44 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that take the running `firsttoken up`'s addresses (firsttoken/stackfile.py) where
+# the environment names none; those that read Redis say on stderr which one.
+NOT_BESIDE_UP = frozenset({"up", "sim-server", "bench", "chat"})
+SAY_WHICH_REDIS = frozenset({"workers", "keys", "celery", "cache"})
+# Commands whose arguments are another program's, passed on as they are.
+PASS_THROUGH = {"sim-server": _cmd_sim_server, "celery": _cmd_celery}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["sim-server"]:
-        # The simulator parses its own options (argparse.REMAINDER would miss leading flags).
+    debug = argv[:1] == ["--debug"]
+    argv = argv[1:] if debug else argv
+    if argv[:1] and argv[0] in PASS_THROUGH:
+        # argparse.REMAINDER would miss leading flags: the rest goes on untouched.
         rest = argv[1:]
-        args = argparse.Namespace(fn=_cmd_sim_server, rest=rest[1:] if rest[:1] == ["--"] else rest)
+        args = argparse.Namespace(
+            fn=PASS_THROUGH[argv[0]], rest=rest[1:] if rest[:1] == ["--"] else rest
+        )
     else:
         command = argv[0] if argv[:1] and argv[0] in COMMAND_MODULES else None
         args = build_parser(command).parse_args(argv)
     try:
+        if argv[0] not in NOT_BESIDE_UP:
+            from firsttoken import stackfile
+
+            line = stackfile.apply(os.environ)
+            if argv[0] in SAY_WHICH_REDIS:
+                print(line, file=sys.stderr, flush=True)
         return int(args.fn(args))
-    except ConfigError as exc:
-        print(f"firsttoken: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # noqa: BLE001 - the edge: every error becomes one line
+        from firsttoken.clierrors import explain
+
+        if debug:
+            traceback.print_exc()
+        print(f"firsttoken: {explain(exc, os.environ)}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ pass through the pool), other queues on threads, task events and worker heartbea
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from firsttoken.cli import build_parser, worker_argv
@@ -15,7 +17,7 @@ def test_a_chat_worker_is_a_celery_worker_on_the_solo_pool() -> None:
     assert argv[:2] == ["--quiet", "worker"]
     assert argv[argv.index("-Q") + 1] == "chat"
     assert argv[argv.index("-P") + 1] == "solo" and argv[argv.index("-c") + 1] == "1"
-    assert argv[argv.index("-n") + 1] == "chat@%h"
+    assert argv[argv.index("-n") + 1] == f"chat-{os.getpid()}@%h"  # unique by default
     assert "--without-heartbeat" in argv and "-E" not in argv
 
 
@@ -29,7 +31,8 @@ def test_bulk_runs_threads_and_events_switch_on_heartbeats() -> None:
 def test_a_worker_for_chat_and_bulk_runs_threads_for_bulk() -> None:
     argv = worker_argv(["chat", "bulk"], concurrency=4, name=None, loglevel="info", events=False)
     assert argv[argv.index("-Q") + 1] == "chat,bulk"
-    assert argv[argv.index("-P") + 1] == "threads" and argv[argv.index("-n") + 1] == "chat-bulk@%h"
+    assert argv[argv.index("-P") + 1] == "threads"
+    assert argv[argv.index("-n") + 1] == f"chat-bulk-{os.getpid()}@%h"
 
 
 def test_the_pool_choice_is_gone_and_every_option_has_help() -> None:
