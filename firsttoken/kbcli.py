@@ -30,6 +30,25 @@ async def _tenant_id(session: Any, tenant: str) -> str:
     return str(found)
 
 
+async def announce(settings: Settings, tenant_id: str) -> None:
+    """Tell the chat workers that `tenant_id`'s documents changed (`Keys.tenant_changed_channel`),
+    so its next question reads them; with Redis unreachable they notice within seconds anyway
+    (workers/retrieval/sources.py TENANT_CACHE_S), so this only warns."""
+    from shared.keys import Keys
+    from shared.redis.client import redis_client
+
+    redis = redis_client(settings.redis_url)
+    try:
+        await redis.publish(Keys(settings.redis_prefix).tenant_changed_channel, tenant_id)
+    except Exception as exc:  # noqa: BLE001 - the documents are stored; only the notice is late
+        print(
+            f"note: could not tell the workers at once ({exc}); they use the change within seconds",
+            file=sys.stderr,
+        )
+    finally:
+        await redis.aclose()
+
+
 async def add_files(settings: Settings, tenant: str, paths: list[Path]) -> list[Any]:
     """Ingest ``paths`` for ``tenant``, all or nothing; returns one `Added` per file."""
     from shared.db.session import make_engine, make_sessionmaker
@@ -54,12 +73,14 @@ async def add_files(settings: Settings, tenant: str, paths: list[Path]) -> list[
     try:
         async with make_sessionmaker(engine).begin() as session:
             tenant_id = await _tenant_id(session, tenant)
-            return [
+            added = [
                 await add_document(session, tenant_id, f, chunks, v, name)
                 for f, chunks, v in zip(files, chunked, vectors, strict=True)
             ]
     finally:
         await engine.dispose()
+    await announce(settings, tenant_id)  # committed: the workers may read it now
+    return added
 
 
 async def list_docs(settings: Settings, tenant: str) -> list[Any]:
@@ -81,9 +102,13 @@ async def remove_docs(settings: Settings, tenant: str, ids: list[str]) -> int:
     engine = make_engine(settings.database_url)
     try:
         async with make_sessionmaker(engine).begin() as session:
-            return await remove_documents(session, await _tenant_id(session, tenant), ids)
+            tenant_id = await _tenant_id(session, tenant)
+            removed = await remove_documents(session, tenant_id, ids)
     finally:
         await engine.dispose()
+    if removed:
+        await announce(settings, tenant_id)
+    return removed
 
 
 async def reembed(settings: Settings, tenant: str) -> tuple[int, str]:
@@ -98,14 +123,17 @@ async def reembed(settings: Settings, tenant: str) -> tuple[int, str]:
     engine = make_engine(settings.database_url)
     try:
         async with make_sessionmaker(engine).begin() as session:
-            chunks = await stale_chunks(session, await _tenant_id(session, tenant), embedder.name)
+            tenant_id = await _tenant_id(session, tenant)
+            chunks = await stale_chunks(session, tenant_id, embedder.name)
             if chunks:
                 vectors = embedder.embed([c.text for c in chunks])
                 await replace_embeddings(session, chunks, vectors, embedder.name)
-            return len(chunks), embedder.name
     finally:
         embedder.close()
         await engine.dispose()
+    if chunks:
+        await announce(settings, tenant_id)
+    return len(chunks), embedder.name
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -125,7 +153,7 @@ def _run(args: argparse.Namespace) -> int:
         elif args.kb_cmd == "reembed":
             count, model = asyncio.run(reembed(settings, args.tenant))
             if count:
-                print(f"re-embedded {count} chunk(s) with {model}; workers use them within seconds")
+                print(f"re-embedded {count} chunk(s) with {model}; workers use them from now on")
             else:
                 print(f"nothing to do: every chunk is embedded with {model}")
         else:

@@ -93,6 +93,12 @@ class Keys:
         """Workers subscribe here; each message is a job id to stop."""
         return f"{self.prefix}:cancel"
 
+    @property
+    def tenant_changed_channel(self) -> str:
+        """Workers subscribe here; each message is a tenant id whose rarely changing rows (its
+        knowledge base, its prompt) just changed, so workers read them again at once."""
+        return f"{self.prefix}:tenant-changed"
+
     # --- auth and liveness --------------------------------------------------------------
     def api_key(self, key_hash: str) -> str:
         return f"{self.prefix}:apikey:{key_hash}"

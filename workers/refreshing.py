@@ -52,6 +52,11 @@ class RefreshingCache(Generic[K, V]):
             self._load(key, load)  # refreshed in the background; this caller is not held up
         return (held[1],)
 
+    def forget(self, key: K) -> None:
+        """Drop the value of `key`: the next :meth:`get` loads it afresh (its change was
+        announced; a load already running may still store the old value once)."""
+        self._values.pop(key, None)
+
     def _load(self, key: K, load: Callable[[], Awaitable[V]]) -> asyncio.Future[V]:
         running = self._loads.get(key)
         if running is not None:

@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -72,6 +73,9 @@ class WorkerContext:
     # Drafts being prefilled (workers/chat/prefill.py): cancellable like chats, but no chat's lease,
     # follower check or takeover applies to them.
     prefills: dict[str, Cancellable] = field(default_factory=dict)
+    # Called with a tenant id when `firsttoken kb add` (or another edit of a tenant's rarely
+    # changing rows) announces it on `Keys.tenant_changed_channel` (workers/retrieval/sources.py).
+    tenant_listeners: list[Callable[[str], None]] = field(default_factory=list)
     # What each heartbeat reports besides the time (`firsttoken workers`).
     load: WorkerLoad = field(default_factory=WorkerLoad)
     started_at: float = field(default_factory=time.time)
@@ -103,9 +107,10 @@ class WorkerContext:
         await self.pipe.start()
 
     async def start_cancel_listener(self) -> None:
-        """Subscribe to the cancel channel: a job cancelled from now on stops here."""
+        """Subscribe to the cancel channel (a job cancelled from now on stops here) and the
+        tenant channel (a tenant's rows changed: `tenant_listeners` forget them)."""
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
-        await pubsub.subscribe(self.keys.cancel_channel)
+        await pubsub.subscribe(self.keys.cancel_channel, self.keys.tenant_changed_channel)
         self._tasks.append(asyncio.create_task(self._listen_cancels(pubsub)))
 
     def start_heartbeat(self, queues: tuple[str, ...]) -> None:
@@ -149,6 +154,13 @@ class WorkerContext:
                 continue
             outage.ok()
             if msg is None or msg.get("type") != "message":
+                continue
+            channel = msg.get("channel")
+            if isinstance(channel, bytes):
+                channel = channel.decode()
+            if channel == self.keys.tenant_changed_channel:
+                for forget in self.tenant_listeners:
+                    forget(str(msg["data"]))
                 continue
             job_id = msg["data"]
             run = self.running.get(job_id) or self.prefills.get(job_id)

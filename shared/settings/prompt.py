@@ -64,6 +64,13 @@ class PromptSettings(BaseModel):
         0.3, ge=-1, le=1, description="Least cosine similarity of a retrieved chunk."
     )
     kb_chunk_chars: int = Field(600, ge=100, description="Largest knowledge-base chunk, in chars.")
+    tenant_cache_s: float = Field(
+        5.0,
+        gt=0,
+        description="How long a worker trusts a tenant's prompt and knowledge-base version before "
+        "reading them again. `firsttoken kb add|remove|reembed` tells the workers at once; this "
+        "bounds other edits (SQL) and a notice lost while Redis was unreachable.",
+    )
     route_long_prompt_tokens: int = Field(
         1500, ge=1, description='model "auto": prompts of at least this many tokens go large.'
     )

@@ -193,3 +193,38 @@ def test_the_first_question_after_kb_add_uses_the_document(
         assert done["type"] == "done", done
         assert done["retrieval"]["sources"]["kb"]["status"] == "ok", done["retrieval"]
         assert done["chunk_ids"] and all(i.startswith("kb:") for i in done["chunk_ids"]), done
+
+
+def test_kb_add_reaches_a_tenant_that_asked_just_before(
+    services: Services, migrated: str, tmp_path: Path
+) -> None:
+    """A tenant whose knowledge-base version a worker holds (it asked a question a moment
+    ago; held for FIRSTTOKEN_TENANT_CACHE_S, a minute here) gets the new document in its very
+    next question: `kb add` announces the change on the tenant channel."""
+    with issue5_stack(services, migrated, tmp_path, tenant_cache_s="60") as stack:
+        name, _, key = asyncio.run(new_tenant(stack.services.database_url))
+
+        async def question(chat_id: str) -> dict[str, Any]:
+            c = await client(stack, key)
+            try:
+                return await ask(c, chat_id, "How do I restart the heron relay?", cache=False)
+            finally:
+                await c.ws.close()
+
+        before = asyncio.run(question("q0"))
+        assert before["type"] == "done" and not before.get("chunk_ids"), before
+        doc = tmp_path / "heron.md"
+        doc.write_text(DOC)
+        added = subprocess.run(
+            python_cmd("-m", "firsttoken", "kb", "add", "--tenant", name, str(doc)),
+            env=stack.env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert added.returncode == 0, added.stderr
+        assert "note:" not in added.stderr, added.stderr  # the workers were told
+        done = asyncio.run(question("q1"))
+        assert done["type"] == "done", done
+        assert done["retrieval"]["sources"]["kb"]["status"] == "ok", done["retrieval"]
+        assert done["chunk_ids"] and all(i.startswith("kb:") for i in done["chunk_ids"]), done

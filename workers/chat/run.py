@@ -94,7 +94,7 @@ async def warm_chat_worker(ctx: WorkerContext) -> None:
     except Exception as exc:  # noqa: BLE001 - chats work without the database; it may be down
         log.warning("database not reachable at start-up (%s); chats go on without it", exc)
     try:
-        await retrieval.warm_kb(ctx.settings)
+        await retrieval.warm_kb(ctx)
     except Exception:  # a chat loads it again (and goes without the kb meanwhile)
         log.warning("knowledge-base embedder not loaded at start-up", exc_info=True)
     await cache_stage.warm(ctx)

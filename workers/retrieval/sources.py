@@ -42,9 +42,9 @@ from workers.resources import WorkerContext
 from workers.retrieval.gather import Query, Source
 
 # Tenant-level rows (prompt overrides, the knowledge base's version) change rarely but would
-# cost a database round trip on every chat: each worker process trusts them this long, so an
-# edit (`firsttoken kb add`, a tenant prompt) reaches chats within about this many seconds
-# (the first chat after it still gets the old value while one query fetches the new one).
+# cost a database round trip on every chat: each worker process trusts them for
+# FIRSTTOKEN_TENANT_CACHE_S (this default until a chat worker's start sets it), unless a change
+# is announced on the tenant channel (`firsttoken kb add`: forget_tenant).
 TENANT_CACHE_S = 5.0
 _tenant_cache: RefreshingCache[tuple[str, str], Any] = RefreshingCache(TENANT_CACHE_S)
 
@@ -244,10 +244,21 @@ class KbState:
         self.indexes.load(tenant_id, version, rows)
 
 
-async def warm_kb(settings: Settings) -> None:
+def forget_tenant(tenant_id: str) -> None:
+    """A tenant's knowledge base or prompt changed (`firsttoken kb add` says so on the tenant
+    channel): its next chat reads them afresh rather than trusting them for TENANT_CACHE_S."""
+    for kind in ("kb_version", "prompt"):
+        _tenant_cache.forget((kind, tenant_id))
+
+
+async def warm_kb(ctx: WorkerContext) -> None:
     """Load the knowledge base's embedding model at a chat worker's start, on its thread: a
     first load takes seconds, far past the kb source's deadline (150 ms), and the first
-    questions after `firsttoken kb add` would go without their document (issue 42)."""
+    questions after `firsttoken kb add` would go without their document (issue 42). From then
+    on an announced change of a tenant's documents is read by its next chat."""
+    ctx.tenant_listeners.append(forget_tenant)
+    settings = ctx.settings
+    _tenant_cache.ttl_s = settings.tenant_cache_s
     if settings.kb_top_k == 0:
         return
     kb = _kb_state(settings)

@@ -102,3 +102,16 @@ async def test_held_answers_without_waiting_and_refreshes_a_stale_value() -> Non
     await asyncio.sleep(0)
     assert load.calls == 2
     assert cache.held("k", load) == (2,)
+
+
+async def test_a_forgotten_key_is_loaded_afresh_before_its_ttl() -> None:
+    """An announced change (`firsttoken kb add`): the next get waits for a new load instead of
+    serving the value it held for another ttl."""
+    cache: RefreshingCache[str, int] = RefreshingCache(60.0, clock=Clock())
+    load = Loader()
+    load.gate.set()
+    assert await cache.get("t", load) == 1
+    assert await cache.get("t", load) == 1  # held
+    cache.forget("t")
+    assert await cache.get("t", load) == 2
+    cache.forget("absent")  # forgetting a key never held is a no-op
