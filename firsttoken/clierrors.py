@@ -40,7 +40,22 @@ def _redacted(url: str) -> str:
 
 
 def _one_line(text: str) -> str:
-    return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
+    parts = [part.strip() for part in str(text).splitlines() if part.strip()]
+    out = ""
+    for part in parts:
+        out += part if not out else (f" {part}" if out.endswith(":") else f"; {part}")
+    return out
+
+
+def _raised_in(exc: BaseException) -> set[str]:
+    """The top-level packages of the frames `exc` passed through (a bare OSError says by
+    whom it was raised only there: asyncpg's connect raises the socket's own)."""
+    found = set()
+    tb = exc.__traceback__
+    while tb is not None:
+        found.add(str(tb.tb_frame.f_globals.get("__name__", "")).split(".")[0])
+        tb = tb.tb_next
+    return found
 
 
 def _is_redis(exc: BaseException) -> bool:
@@ -67,6 +82,9 @@ def explain(exc: BaseException, env: Mapping[str, str]) -> str:
     for e in chain:
         if isinstance(e, ConfigError):
             return f"{_one_line(str(e))} (fix the environment variable it names)"
+    for e in chain:
+        if isinstance(e, FileNotFoundError):
+            return f"no such file or directory: {e.filename or _one_line(str(e))}"
     for e in chain:
         if isinstance(e, ImportError) and e.name:
             top = e.name.split(".")[0]
@@ -96,7 +114,20 @@ def explain(exc: BaseException, env: Mapping[str, str]) -> str:
                 f"check that it is running and {ENV_PREFIX}DATABASE_URL points at it"
             )
     for e in chain:
-        if isinstance(e, (ConnectionError, OSError)) and not isinstance(e, FileNotFoundError):
+        if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
+            where = _raised_in(e)
+            if where & {"redis", "kombu"}:
+                return (
+                    f"Redis cannot be reached at {redis_url} ({type(e).__name__}: "
+                    f"{_one_line(str(e))}); start it, run this beside `firsttoken up`, or set "
+                    f"{ENV_PREFIX}REDIS_URL"
+                )
+            if where & {"asyncpg", "sqlalchemy", "aiosqlite", "sqlite3"}:
+                return (
+                    f"the database at {database_url} cannot be reached ({type(e).__name__}: "
+                    f"{_one_line(str(e))}); check that it is running and {ENV_PREFIX}DATABASE_URL "
+                    "points at it"
+                )
             return (
                 f"cannot connect ({type(e).__name__}: {_one_line(str(e))}); check that Redis at "
                 f"{redis_url} and the database at {database_url} are running "
