@@ -246,6 +246,7 @@ class JobOwner:
                 new_conversation=new_conversation,
                 user=frame.user,
                 tags=frame.tags,
+                door=self.door,
                 received_at=received,
                 enqueued_at=enqueued,
                 deadline_at=job.deadline_at,

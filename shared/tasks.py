@@ -41,6 +41,7 @@ class ChatJob(BaseModel):
     new_conversation: bool = False  # the gateway minted conversation_id for this chat
     user: str | None = None  # the client's end user and labels, for the usage row only
     tags: Tags | None = None
+    door: str | None = None  # the door it came in by (websocket, openai, responses): for the row
     received_at: float
     enqueued_at: float
     deadline_at: float  # unix seconds; a worker that finds the job later drops it
@@ -99,6 +100,9 @@ class UsageRecord(BaseModel):
     # Issue 34: a draft's prefill (route "prefill"): the prompt tokens it had the engine
     # process; NULL on every other row.
     prefill_tokens: int | None = None
+    # Issue 44: the door the chat came in by (websocket, openai, responses); NULL on older rows
+    # and on a draft's prefill.
+    door: str | None = None
 
 
 class MessagesRecord(BaseModel):

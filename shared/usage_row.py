@@ -90,4 +90,5 @@ def usage_row(
         conversation_id=job.conversation_id,
         cache_tier=ending.cache_tier,
         cached_prompt_tokens=ending.cached_prompt_tokens,
+        door=job.door,
     )

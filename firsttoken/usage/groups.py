@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Any, Literal, Protocol
 
-GroupBy = Literal["tenant", "key", "model", "day", "end_user"]
-GROUP_BY: tuple[GroupBy, ...] = ("tenant", "key", "model", "day", "end_user")
+GroupBy = Literal["tenant", "key", "model", "day", "end_user", "door"]
+GROUP_BY: tuple[GroupBy, ...] = ("tenant", "key", "model", "day", "end_user", "door")
 TTFT_PERCENTILES = (0.5, 0.95, 0.99)
 QUEUE_PERCENTILE = 0.95
 ERROR_STATUSES = ("error", "timeout")  # as usage_daily: a cancel is the client's choice

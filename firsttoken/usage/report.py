@@ -65,6 +65,7 @@ PG_GROUP = {
     "model": "model",
     "day": "(created_at AT TIME ZONE 'UTC')::date",
     "end_user": "end_user",
+    "door": "door",
 }
 
 

@@ -38,6 +38,7 @@ def _group_column(by: GroupBy) -> ColumnElement[Any]:
         "key": UsageEvent.key_id,
         "model": UsageEvent.model,
         "end_user": UsageEvent.end_user,
+        "door": UsageEvent.door,
     }
     return columns[by]  # type: ignore[no-any-return]
 

@@ -177,6 +177,7 @@ class UsageEvent(Base):
     cached_prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     # Issue 34 (migration 0005): a draft's prefill row (route 'prefill'); NULL on the others.
     prefill_tokens: Mapped[int | None] = mapped_column(Integer)
+    door: Mapped[str | None] = mapped_column(String(16))  # websocket | openai | responses
 
 
 # --- prompts and knowledge base (issue 5) ------------------------------------------------------

@@ -148,6 +148,7 @@ async def test_whole_and_streamed_async_with_instructions(rstack: Stack) -> None
         await asyncio.sleep(0.1)
     assert row is not None, "no usage row"
     assert row.tags == {"suite": "issue44"} and row.end_user == "end-user-44"
+    assert row.door == "responses"  # the door the chat came in by
     stream = await client.responses.create(model=model, input="async stream", stream=True)
     kinds = [e.type async for e in stream]
     assert kinds[0] == "response.created" and kinds[-1] in (

@@ -79,6 +79,14 @@ def test_a_lost_chats_row_has_the_same_fields_as_a_workers() -> None:
     assert (row.prompt_tokens, row.completion_tokens) == (1000, 100)
 
 
+def test_the_row_names_the_door_the_chat_came_in_by() -> None:
+    """websocket, openai or responses, as the gateway wrote it into the job."""
+    job = JOB.model_copy(update={"door": "responses"})
+    row = usage_row(TABLE, job, Outcome("free", "stop", "ok"), queue_ms=None, ttft_ms=None,
+                    total_ms=None, now=0.0)  # fmt: skip
+    assert row.door == "responses"
+
+
 @pytest.mark.parametrize(
     ("usage", "cached"),
     [
