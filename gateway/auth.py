@@ -3,7 +3,10 @@
 Lookups go to Redis (written by `firsttoken keys create` and filled from the database on a
 miss), and are trusted in-process for `auth_cache_s` so a reconnect storm costs no round trips.
 Requests that miss at the same moment (a burst of HTTP requests with one key: the HTTP door
-checks the key per request, the websocket per connection) share one lookup.
+checks the key per request, the websocket per connection) share one lookup, and the keys used
+lately are read again in the background (`keep_fresh`: one MGET every half `auth_cache_s`), so
+an HTTP request with a key in use finds it checked within `auth_cache_s` without a round trip
+of its own. The bound is unchanged: a cached answer older than `auth_cache_s` is never used.
 
 Redis is only a cache of the database here: with Redis down a key is looked up in the database
 alone. With the database down too (or a key Redis does not hold), the client is told
@@ -33,6 +36,9 @@ log = logging.getLogger(__name__)
 
 # How long Redis keeps a key record filled from the database.
 REDIS_KEY_TTL_S = 300
+# A key used within this long is read again in the background before its cached answer ages
+# out (`Authenticator.keep_fresh`); one idle longer is looked up by its next request.
+KEEP_FRESH_AFTER_USE_S = 60.0
 # What a client is told to wait when the database cannot be reached to check its key: a
 # restarting PostgreSQL takes seconds, not milliseconds.
 DATABASE_RETRY_AFTER_MS = 2000
@@ -72,16 +78,56 @@ class Authenticator:
         self._cache: dict[str, tuple[float, Principal | None]] = {}
         # The lookup in flight per key, which every request missing meanwhile awaits.
         self._lookups: dict[str, asyncio.Task[Principal | None]] = {}
+        self._used: dict[str, float] = {}  # key hash -> when a request last used it
+        self._invalidations = 0  # a background read that spans one does not store its answers
 
     def invalidate(self, key_hash: str) -> None:
         """Forget a cached lookup (a key was revoked or changed on some gateway's CLI); a
         lookup in flight is not cached, and the next request looks the key up afresh."""
+        self._invalidations += 1
         self._cache.pop(key_hash, None)
         self._lookups.pop(key_hash, None)
 
     def invalidate_all(self) -> None:
+        self._invalidations += 1
         self._cache.clear()
         self._lookups.clear()
+
+    async def keep_fresh(self) -> None:
+        """Forever: every half `auth_cache_s`, read again the keys used lately (`refresh`)."""
+        if self._cache_s <= 0:
+            return  # nothing is cached
+        interval = max(self._cache_s / 2, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.refresh()
+            except Exception as exc:  # noqa: BLE001 - requests then look their keys up
+                log.debug("could not refresh the API keys in use: %r", exc)
+
+    async def refresh(self) -> None:
+        """Read the records of the keys used within KEEP_FRESH_AFTER_USE_S again, in one round
+        trip, and cache what they say as a request's lookup would. A key Redis does not hold
+        (or a Redis that cannot be reached) is left to its next request's own lookup."""
+        if self._cache_s <= 0:
+            return
+        now = time.monotonic()
+        for digest in [d for d, at in self._used.items() if now - at > KEEP_FRESH_AFTER_USE_S]:
+            del self._used[digest]
+        digests = list(self._used)
+        if not digests:
+            return
+        invalidations = self._invalidations
+        try:
+            raws = await self._redis.mget([self._keys.api_key(d) for d in digests])
+        except UNREACHABLE:
+            return
+        if invalidations != self._invalidations:
+            return  # a key changed while this read was in flight: its answer may be older
+        for digest, raw in zip(digests, raws, strict=True):
+            if raw is None or digest in self._lookups:
+                continue
+            self._cache[digest] = (now, self._principal(dict(json.loads(raw))))
 
     async def authenticate(self, key: str | None) -> Principal:
         if not key:
@@ -90,6 +136,8 @@ class Authenticator:
             )
         digest = hash_key(key)
         now = time.monotonic()
+        if digest in self._used or len(self._used) < 10_000:
+            self._used[digest] = now
         hit = self._cache.get(digest)
         if hit is not None and now - hit[0] < self._cache_s:
             principal = hit[1]
@@ -132,6 +180,10 @@ class Authenticator:
                 )
             except UNREACHABLE as exc:  # only a cache: the next miss reads the database again
                 log.debug("could not cache an API key record in Redis: %r", exc)
+        return self._principal(record)
+
+    def _principal(self, record: dict[str, Any]) -> Principal | None:
+        """A key record's principal; None for a revoked key."""
         if record.get("revoked"):
             return None
         raw_limits = record.get("limits") or [None] * 5

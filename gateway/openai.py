@@ -161,6 +161,7 @@ class CompletionResponse(Response):
         # Streaming state, shared by the response task and the eager writes.
         self._busy = False  # the response task is inside a write
         self._first = True  # the next event is the first (it names the role)
+        self._started = False  # the stream's response has begun (headers sent)
         self._asgi_send: Send
         self._encoder: ChunkEncoder
 
@@ -246,29 +247,62 @@ class CompletionResponse(Response):
         finally:
             self._busy = False
 
-    async def _stream(self, send: Send) -> None:
-        frames = self.chat.frames
-        item = await frames.get()
-        if not isinstance(item, str):
-            return
-        frame: dict[str, Any] | None = orjson.loads(item)
-        assert frame is not None
-        if frame.get("type") == "error":
-            await self._send_error(send, frame)
-            return
+    def _begin(self, send: Send) -> Message:
+        """The stream's start (its encoder, and the `http.response.start` to send)."""
+        self._asgi_send = send
+        self._started = True
+        # The model that answers, as the worker's `started` named it before the first token
+        # (`auto` routed): every chunk names that one (issue 42).
+        model = self.job.state.model or self.model
+        self._encoder = ChunkEncoder(self.completion_id, self.created, model)
         headers = [
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
             *self._ttft_headers(),
         ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        return {"type": "http.response.start", "status": 200, "headers": headers}
+
+    def _start_now(self, text: str) -> bool:
+        """The chat's `eager` before the stream has begun: the first token starts the response
+        and is written from the call that relays it, as every later token is (issue 43: a
+        pass of the event loop less before the client's first token, which in a burst waited
+        behind every other ready callback). Anything else is queued (an error has its own
+        status); so is the token when the start had to wait (then behind the start's rest)."""
+        frame = orjson.loads(text)
+        if frame.get("type") != "token":
+            return False
+        send = self._asgi_send
+        start = self._begin(send)
+        self.chat.eager = self._write_now
+        try:
+            rest = start_eagerly(cast(Coroutine[Any, Any, None], send(start)))
+        except Exception:  # noqa: BLE001 - the client is gone; its disconnect ends the response
+            return True
+        if rest is not None:
+            self.chat.frames.put_nowait(rest)
+            return False
+        return self._write_now(text)
+
+    async def _stream(self, send: Send) -> None:
+        frames = self.chat.frames
         self._asgi_send = send
-        # The model that answers, as the worker's `started` named it before the first token
-        # (`auto` routed): every chunk names that one (issue 42).
-        model = self.job.state.model or self.model
-        self._encoder = ChunkEncoder(self.completion_id, self.created, model)
+        self.chat.eager = self._start_now
+        item: str | Rest | None = await frames.get()
+        frame: dict[str, Any] | None = None
+        if not self._started:  # the first frame was queued: not a token written eagerly
+            self.chat.eager = None
+            if not isinstance(item, str):
+                return
+            frame = orjson.loads(item)
+            assert frame is not None
+            if frame.get("type") == "error":
+                await self._send_error(send, frame)
+                return
+            await send(self._begin(send))
+            item = None
         out: list[bytes] = []  # whatever arrived meanwhile goes out in one write
+        taken = self._started and frame is None  # `item` is the next one, yet to be handled
         while True:
             if frame is not None:
                 if frame.get("type") == "token":
@@ -279,7 +313,9 @@ class CompletionResponse(Response):
                     await self._write(send, b"".join(out), more=False)
                     return
                 frame = None
-            if frames.empty():
+            if taken:
+                taken = False
+            elif frames.empty():
                 if out:
                     await self._write(send, b"".join(out), more=True)
                     out = []

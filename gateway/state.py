@@ -92,6 +92,7 @@ class Gateway:
         self._watchdog: asyncio.Task[None] | None = None
         self.redis_back_at = 0.0  # when pub/sub last reconnected (see beats_trusted)
         self._worker_count: asyncio.Task[None] | None = None
+        self._auth_refresh: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
     @cached_property
@@ -120,6 +121,9 @@ class Gateway:
         self.guard.start(lambda: self.sessions)
         self._watchdog = asyncio.create_task(self._watch())
         self._worker_count = asyncio.create_task(self._keep_counting_chat_workers())
+        # The keys in use, read again before their cached answers age out (gateway/auth.py):
+        # the HTTP door checks its key per request, without a round trip of its own.
+        self._auth_refresh = asyncio.create_task(self.auth.keep_fresh())
         try:
             self.chat_metrics.models_known(self.models.names)
         except Exception:  # a bad model table fails its chats, not the gateway's start
@@ -147,7 +151,7 @@ class Gateway:
         await self.guard.close()
         await self.beat.close()
         await self.limiter.close()
-        for task in (self._watchdog, self._worker_count):
+        for task in (self._watchdog, self._worker_count, self._auth_refresh):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
