@@ -92,10 +92,22 @@ HEADERS = {
 }
 
 
-def render(groups: list[UsageGroup], fmt: str, by: str) -> str:
-    """The report as `table`, `csv` or `json` text (rows in the groups' order)."""
+def render(groups: list[UsageGroup], fmt: str, by: str, names: dict[str, str] | None = None) -> str:
+    """The report as `table`, `csv` or `json` text (rows in the groups' order). `names`: the
+    tenants' names by id (`--by tenant`): people read names; JSON has the id beside it."""
     rows = [g.as_dict() for g in groups]
+    if names is not None:
+        for r in rows:
+            r["id"] = r["group"]
+            r["group"] = names.get(r["group"], r["group"]) if r["group"] is not None else None
     if fmt == "json":
+        if names is not None:
+            return (
+                json.dumps(
+                    [{by: r.pop("group"), f"{by}_id": r.pop("id"), **r} for r in rows], indent=2
+                )
+                + "\n"
+            )
         return json.dumps([{by: r.pop("group"), **r} for r in rows], indent=2) + "\n"
     if fmt == "csv":
         out = io.StringIO()
@@ -324,6 +336,32 @@ def check_database_exists(database_url: str) -> None:
     )
 
 
+async def tenant_names(database_url: str) -> dict[str, str]:
+    """Every tenant's name by id (a small table: one read)."""
+    dsn = asyncpg_dsn(database_url)
+    if dsn is not None:
+        import asyncpg
+
+        conn = await asyncpg.connect(dsn, timeout=PG_CONNECT_TIMEOUT_S)
+        try:
+            return {str(r["id"]): str(r["name"]) for r in await conn.fetch(TENANTS_SQL)}
+        finally:
+            await conn.close()
+    from sqlalchemy import text
+
+    from shared.db.session import make_engine
+
+    engine = make_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            return {str(i): str(n) for i, n in (await conn.execute(text(TENANTS_SQL))).all()}
+    finally:
+        await engine.dispose()
+
+
+TENANTS_SQL = "SELECT id, name FROM tenants"
+
+
 def _cmd_usage(args: argparse.Namespace) -> int:
     if args.since is not None and args.until is not None and args.since >= args.until:
         print("firsttoken usage: --since must be before --until", file=sys.stderr)
@@ -334,7 +372,8 @@ def _cmd_usage(args: argparse.Namespace) -> int:
         groups, days = asyncio.run(
             fetch(url, args.by, args.since, args.until, with_days=args.plot is not None)
         )
-        sys.stdout.write(render(groups, args.format, args.by))
+        names = asyncio.run(tenant_names(url)) if args.by == "tenant" else None
+        sys.stdout.write(render(groups, args.format, args.by, names))
         if args.plot is not None:
             assert days is not None
             plot(days, args.plot)

@@ -177,3 +177,20 @@ def test_sigint_stops_up_and_everything_it_started_within_two_seconds(tmp_path: 
     after = up.run("workers")
     assert "no `firsttoken up` running here" in after.stderr, after.stderr
     print(f"\nSIGINT to exit: {took:.2f}s")
+
+
+def test_usage_by_tenant_shows_names_and_json_keeps_the_ids(up: Up) -> None:
+    """After a chat, `usage` names up's tenant `dev` (not its id); `--format json` has both."""
+    assert up.run("chat", "usage row, please", "--no-cache").returncode == 0
+    deadline = time.monotonic() + 30
+    while True:
+        done = up.run("usage", "--format", "json")
+        assert done.returncode == 0, done.stderr
+        rows = json.loads(done.stdout)
+        if rows or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)  # the usage row is written by the bulk worker, a moment later
+    (row,) = rows
+    assert row["tenant"] == "dev" and len(row["tenant_id"]) >= 16 and row["tenant_id"] != "dev"
+    table = up.run("usage").stdout
+    assert "\ndev " in table and row["tenant_id"] not in table, table
