@@ -6,59 +6,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from firsttoken.cacheargs import apply_settings, grid, load_sets
 
 if TYPE_CHECKING:
     from workers.cache.calibration import Point
     from workers.cache.evaluate import PairSet
     from workers.cache.policy import Policy
     from workers.embeddings.base import Embedder
-
-CACHE_ENV = "FIRSTTOKEN_CACHE_"
-
-
-def setting_env(assignment: str, fields: set[str]) -> tuple[str, str]:
-    """`KEY=VALUE` -> (`FIRSTTOKEN_CACHE_KEY`, VALUE), KEY given bare (`threshold`) or in full
-    (`FIRSTTOKEN_CACHE_THRESHOLD`). Only cache settings that exist are accepted: the settings
-    ignore unknown variables, so a typo would otherwise measure the defaults unnoticed."""
-    key, sep, value = assignment.partition("=")
-    key = key.strip().upper().removeprefix(CACHE_ENV).removeprefix("CACHE_")
-    if not sep or not key:
-        raise ValueError(f"--setting {assignment!r}: expected KEY=VALUE, e.g. threshold=0.9")
-    if f"cache_{key.lower()}" not in fields:
-        known = ", ".join(
-            sorted(f.removeprefix("cache_") for f in fields if f.startswith("cache_"))
-        )
-        raise ValueError(
-            f"--setting {assignment!r}: no cache setting {key.lower()!r}; known: {known}"
-        )
-    return CACHE_ENV + key, value.strip()
-
-
-def _apply_settings(args: argparse.Namespace) -> None:
-    """Put --setting and --threshold into the environment and reload the settings, so that
-    the worker's own policy_from sees every cache setting the worker reads, present and
-    future."""
-    from shared.settings import Settings, get_settings
-
-    assignments = list(args.setting or [])
-    if getattr(args, "threshold", None) is not None:
-        assignments.append(f"threshold={args.threshold}")
-    for assignment in assignments:
-        name, value = setting_env(assignment, set(Settings.model_fields))
-        os.environ[name] = value
-    get_settings.cache_clear()
-
-
-NO_CHECKOUT = (
-    "the evaluation sets are the repository's tests/data, and this installation of firsttoken "
-    "has no tests/ beside it (installed from a wheel?): run it from a checkout "
-    "(pip install -e .), pass --data-dir PATH/TO/tests/data, or give one PAIRS.jsonl file"
-)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -70,8 +29,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         print("error: give a PAIRS file or --sets, not both", file=sys.stderr)
         return 2
     try:
-        _apply_settings(args)
-        pair_sets = None if args.pairs else _load_sets(args.sets, args.data_dir)
+        apply_settings(args)
+        pair_sets = None if args.pairs else load_sets(args.sets, args.data_dir)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -83,20 +42,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         return _eval_sets(args, policy, embedder, pair_sets)
     finally:
         embedder.close()
-
-
-def _load_sets(sets: str | None, data_dir_arg: str | None) -> list[PairSet]:
-    """The sets named by --sets (default dev,validation), read before any model is loaded so
-    that a wrong name or a missing checkout fails at once."""
-    from workers.cache.evaluate import DEFAULT_SETS, SET_NAMES, data_dir, load_set
-
-    names = [s.strip() for s in sets.split(",") if s.strip()] if sets else list(DEFAULT_SETS)
-    if not names or any(n not in SET_NAMES for n in names):
-        raise ValueError(f"--sets {sets!r}: choose among {','.join(SET_NAMES)}")
-    data = Path(data_dir_arg) if data_dir_arg else data_dir()
-    if data is None:
-        raise ValueError(NO_CHECKOUT)
-    return [load_set(data, name) for name in names]
 
 
 def _eval_file(args: argparse.Namespace, policy: Policy, embedder: Embedder) -> int:
@@ -133,7 +78,7 @@ def _eval_sets(
     return 0
 
 
-CALIBRATED = Path(__file__).resolve().parents[1] / "workers" / "cache" / "calibrated.py"
+CALIBRATED = Path(__file__).resolve().parents[1] / "workers" / "cache" / "calibrated.json"
 
 
 def calibration_points(
@@ -159,60 +104,11 @@ def render_calibrated(
     folds: dict[str, dict[str, list[Point]]] | None = None,
     risks: dict[str, list[tuple[float, float]]] | None = None,
 ) -> str:
-    """The source of workers/cache/calibrated.py for ``tables`` (and, from `--folds`, each
+    """The text of workers/cache/calibrated.json for ``tables`` (and, from `--folds`, each
     table's folds and the thresholds shipped per risk, workers/cache/folds.py)."""
-    folds, risks = folds or {}, risks or {}
+    from workers.cache.calibrated import render
 
-    def rows(points: list[Point], indent: str) -> list[str]:
-        return [
-            f"{indent}Point({p.threshold}, {p.wrong}, {p.traps}, {p.served}, {p.paraphrases}),"
-            for p in sorted(points, key=lambda p: p.threshold)
-        ]
-
-    lines = [
-        '"""Calibration tables of the semantic tier, one per embedding model (workers/cache/',
-        "calibration.py). Generated by `firsttoken cache calibrate --write` on the sets",
-        f"{sets!r}; do not edit by hand. FOLDS and RISKS come from `--folds`",
-        "(workers/cache/folds.py): per table, its folds, and the threshold shipped per risk.",
-        '"""',
-        "",
-        "from workers.cache.calibration import Point",
-        "",
-        "# fmt: off",
-        "CALIBRATION: dict[str, tuple[Point, ...]] = {",
-    ]
-    for name in sorted(tables):
-        lines += [f"    {name!r}: (", *rows(tables[name], "        "), "    ),"]
-    lines += ["}", "", "FOLDS: dict[str, dict[str, tuple[Point, ...]]] = {"]
-    for name in sorted(folds):
-        lines.append(f"    {name!r}: {{")
-        for fold in sorted(folds[name]):
-            lines += [
-                f"        {fold!r}: (",
-                *rows(folds[name][fold], "            "),
-                "        ),",
-            ]
-        lines.append("    },")
-    lines += ["}", "", "RISKS: dict[str, tuple[tuple[float, float], ...]] = {"]
-    for name in sorted(risks):
-        lines.append(f"    {name!r}: (")
-        lines += [f"        ({r!r}, {t!r})," for r, t in risks[name]]
-        lines.append("    ),")
-    lines += ["}", "# fmt: on", ""]
-    return "\n".join(lines)
-
-
-def grid(spec: str) -> list[float]:
-    """`LOW:HIGH:STEP` -> the thresholds from LOW to HIGH, both included."""
-    try:
-        low, high, step = (float(x) for x in spec.split(":"))
-    except ValueError:
-        low = high = step = -1.0
-    if not 0 < low <= high <= 1 or step <= 0:
-        raise ValueError(
-            f"--grid {spec!r}: expected LOW:HIGH:STEP within (0, 1], e.g. 0.8:0.97:0.01"
-        )
-    return [round(low + i * step, 4) for i in range(round((high - low) / step) + 1)]
+    return render(tables, sets, folds, risks)
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
@@ -225,9 +121,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from workers.embeddings.factory import make_embedder
 
     try:
-        _apply_settings(args)
+        apply_settings(args)
         sets = args.sets or ("dev,validation,holdout" if args.folds else "validation")
-        pair_sets = _load_sets(sets, args.data_dir)
+        pair_sets = load_sets(sets, args.data_dir)
         thresholds = grid(args.grid)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -276,15 +172,13 @@ def _write_tables(
     folds: dict[str, list[Point]] | None,
     risks: list[tuple[float, float]] | None,
 ) -> None:
-    """Replace table ``name`` (and its folds and risks, when given) in calibrated.py, keeping
+    """Replace table ``name`` (and its folds and risks, when given) in calibrated.json, keeping
     the other models' tables."""
     from workers.cache import calibrated
 
     tables = {n: list(rows) for n, rows in calibrated.CALIBRATION.items()}
-    all_folds = {
-        n: {f: list(r) for f, r in fs.items()} for n, fs in getattr(calibrated, "FOLDS", {}).items()
-    }
-    all_risks = {n: [tuple(r) for r in rs] for n, rs in getattr(calibrated, "RISKS", {}).items()}
+    all_folds = {n: {f: list(r) for f, r in fs.items()} for n, fs in calibrated.FOLDS.items()}
+    all_risks = {n: list(rs) for n, rs in calibrated.RISKS.items()}
     tables[name] = points
     if folds is not None and risks is not None:
         all_folds[name], all_risks[name] = folds, risks
@@ -487,7 +381,7 @@ def add_parser(subparsers: Any) -> None:
         description="Evaluate the sets at each threshold of --grid with the worker's own policy, "
         "print traps served (with the 95%% upper bound that FIRSTTOKEN_CACHE_MAX_ERROR_RATE is "
         "compared with) and paraphrases served, and with --write store the table for this "
-        "embedding model in workers/cache/calibrated.py, where the workers choose their "
+        "embedding model in workers/cache/calibrated.json, where the workers choose their "
         "threshold from it. Calibrate on validation; report holdout only as a final check.",
     )
     p.add_argument(
@@ -510,7 +404,7 @@ def add_parser(subparsers: Any) -> None:
         metavar="KEY=VALUE",
         help="set FIRSTTOKEN_CACHE_KEY=VALUE first, as for eval; repeatable",
     )
-    p.add_argument("--write", action="store_true", help="store the table in calibrated.py")
+    p.add_argument("--write", action="store_true", help="store the table in calibrated.json")
     p.add_argument(
         "--folds",
         action="store_true",

@@ -18,14 +18,14 @@ def _scores(args: argparse.Namespace) -> list[tuple[float | None, bool]]:
     none does): embedded and judged once, or read from --scores."""
     if args.scores and Path(args.scores).is_file():
         return [(s, bool(same)) for s, same in json.loads(Path(args.scores).read_text())]
-    from firsttoken.cachecli import _apply_settings, _load_sets, grid
+    from firsttoken.cacheargs import apply_settings, grid, load_sets
     from shared.settings import get_settings
     from workers.cache.evaluate import sweep
     from workers.cache.stage import policy_from
     from workers.embeddings.factory import make_embedder
 
-    _apply_settings(args)
-    pairs = [p for s in _load_sets(args.sets, args.data_dir) for p in s.pairs]
+    apply_settings(args)
+    pairs = [p for s in load_sets(args.sets, args.data_dir) for p in s.pairs]
     thresholds = grid("0.55:1.00:0.01")
     embedder = make_embedder(get_settings())
     try:

@@ -27,7 +27,7 @@ class CacheSettings(BaseModel):
         description="The risk of the semantic tier: the most traps (similar questions with "
         "another answer) it may serve, as a share. The similarity threshold is the lowest whose "
         "measured wrong-serve rate, as a 95% upper bound, is within it "
-        "(workers/cache/calibrated.py; docs/benchmarks.md gives the trade-off).",
+        "(workers/cache/calibrated.json; docs/benchmarks.md gives the trade-off).",
     )
     cache_threshold: float | None = Field(
         None,

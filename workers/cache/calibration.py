@@ -6,7 +6,7 @@ calibration: for each candidate threshold, how many traps of a labelled set were
 point estimate of 0 wrong out of a few hundred traps says little, so the choice uses the
 one-sided 95% Clopper-Pearson upper bound of the wrong-serve rate: the threshold chosen is the
 lowest whose bound is within the operator's risk. The tables come from
-``firsttoken cache calibrate --write`` (workers/cache/calibrated.py), per embedding model.
+``firsttoken cache calibrate --write`` (workers/cache/calibrated.json), per embedding model.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from workers.cache.calibration import STRICTEST, Point, choose, upper_bound
 
 # Internal risk as a share of the operator's, largest first: the first that holds out is used.
 SHRINKS = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1)
-# The risks whose thresholds are shipped (workers/cache/calibrated.py RISKS); an operator's
+# The risks whose thresholds are shipped (workers/cache/calibrated.json, RISKS); an operator's
 # risk between two of them gets the smaller one's threshold (the stricter).
 RISK_LEVELS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1)
 

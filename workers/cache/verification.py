@@ -20,22 +20,35 @@ import logging
 import random
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from shared.metrics import recorder
 from shared.protocol import Message
 from shared.tasks import ChatJob
+from workers.cache.index import Vector
 from workers.cache.online import Rule, agrees, parse_score, parse_yes_no, threshold_in_force
 from workers.cache.policy import Policy
-from workers.cache.store import StoredAnswer
+from workers.cache.store import CacheStore, StoredAnswer
 from workers.cache.verdicts import VerdictStore
+from workers.embeddings.base import Embedder
 from workers.engines.base import EngineRequest
 from workers.resources import WorkerContext
 
-if TYPE_CHECKING:
-    from workers.cache.stage import CacheStage
+
+class VerifiedStage(Protocol):
+    """What verification uses of its cache stage (workers/cache/stage.py's CacheStage, which
+    creates the verifier: a protocol, so the two modules do not import each other)."""
+
+    policy: Policy
+    store: CacheStore
+    embedder: Embedder | None
+
+    def background(self, coro: object) -> None: ...
+
+    async def embed(self, texts: list[str]) -> list[Vector]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +60,7 @@ LLM_JUDGE_PROMPT = (
 
 
 class OnlineVerifier:
-    def __init__(self, ctx: WorkerContext, stage: CacheStage) -> None:
+    def __init__(self, ctx: WorkerContext, stage: VerifiedStage) -> None:
         s = ctx.settings
         self.ctx, self.stage, self.settings = ctx, stage, s
         # An operator's pinned threshold (cache_threshold) is never moved.

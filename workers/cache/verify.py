@@ -19,7 +19,7 @@ cosine: a different question on the same topic ("How do I change my email addres
 I set up a new email account?") rewords as broadly as a paraphrase, and until 2026-12-07 a
 bonus for low overlap served such questions (the related-question sets, docs/benchmarks.md).
 The threshold for an operator's risk comes from this verifier's own calibration table
-(``<embedder>+overlap`` in workers/cache/calibrated.py). The guards still veto first. Pure, no
+(``<embedder>+overlap`` in workers/cache/calibrated.json). The guards still veto first. Pure, no
 model: tens of microseconds a candidate.
 """
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from firsttoken.cachecli import setting_env
+from firsttoken.cacheargs import setting_env
 from shared.protocol import Message
 from tests.support import child_env
 from workers.cache.evaluate import (
@@ -277,12 +277,13 @@ def test_cli_reports_every_set_side_by_side(tmp_path: Path) -> None:
     assert "threshold 0.5" in text.stdout and "near_repeat" in text.stdout
 
 
-def test_calibrate_prints_each_threshold_and_renders_an_importable_table(
+def test_calibrate_prints_each_threshold_and_renders_a_readable_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`cache calibrate` measures every threshold of its grid; --write renders a table the
-    workers import (written here to a temporary file, not the checkout's)."""
+    workers read (written here to a temporary file, not the checkout's)."""
     from firsttoken import cachecli
+    from workers.cache import calibrated
     from workers.cache.calibration import Point
 
     data = _tiny_sets(tmp_path)
@@ -300,10 +301,12 @@ def test_calibrate_prints_each_threshold_and_renders_an_importable_table(
     ]
     assert "0/2" in proc.stdout and "max error rate 0.01" in proc.stdout
 
-    source = cachecli.render_calibrated({"m": [Point(0.9, 0, 2, 1, 1)]}, "validation")
-    namespace: dict[str, object] = {}
-    exec(compile(source, "calibrated.py", "exec"), namespace)
-    assert namespace["CALIBRATION"] == {"m": (Point(0.9, 0, 2, 1, 1),)}
+    text = cachecli.render_calibrated({"m": [Point(0.9, 0, 2, 1, 1)]}, "validation")
+    path = tmp_path / "calibrated.json"
+    path.write_text(text)
+    data = calibrated._load(path)
+    assert calibrated._points(data["calibration"]["m"]) == (Point(0.9, 0, 2, 1, 1),)
+    assert (data["sets"], data["folds"], data["risks"]) == ("validation", {}, {})
 
 
 @pytest.mark.parametrize("grid", ["0.9:0.8:0.01", "a:b:c", "0.8:0.9:0"])
