@@ -30,11 +30,11 @@ from shared.redis import scripts
 from shared.redis.client import redis_client
 from shared.redis.pipe import RedisPipe
 from shared.settings import get_settings
-from workers.db import close_database
 from workers.cache.stage import close_stage
 from workers.chat.failover import JobLeases
 from workers.chat.load import Probe
 from workers.chat.usage import UsageBatcher
+from workers.db import close_database
 from workers.resources import WorkerContext
 from workers.runtime import LoopRunner, runner
 

@@ -19,8 +19,8 @@ from shared.keys import SUMMARIZE_TASK
 from shared.modeltable import ModelSpec, ModelTable
 from shared.settings import Settings
 from workers.app import app
-from workers.db import database
 from workers.conversation import StoredMessage, summary_prompt
+from workers.db import database
 from workers.engines.base import EngineRequest
 from workers.lifecycle import lifecycle
 from workers.resources import WorkerContext
