@@ -27,6 +27,7 @@ from gateway.wsdoor import Session
 from shared import tracing
 from shared.db.session import make_engine, make_sessionmaker
 from shared.errors import Unauthorized
+from shared.failover import STARTING_S
 from shared.heap import FirstUse
 from shared.keys import CHAT_QUEUE, Keys
 from shared.metrics import start_process, stop_process
@@ -85,6 +86,7 @@ class Gateway:
         self._first_use = FirstUse()  # sessions, pools, caches made by the first chats live on
         self._workers_checked = 0.0
         self._workers_alive = 0
+        self._workers_starting = 0  # chat workers started and warming, no heartbeat yet
         # Every chat worker's last heartbeat as of the last count (`beats_checked_at`): the
         # watchdog tells a running chat's dead worker from a live one by it (shared/failover.py).
         self.chat_beats: dict[str, float] = {}
@@ -181,12 +183,14 @@ class Gateway:
         horizon = now - self.settings.worker_lost_s
         # The whole set (one entry per chat worker: small), not a count: the watchdog needs
         # each worker's beat.
-        beats: list[tuple[str, float]] = await self.redis.zrange(  # type: ignore[assignment]
-            self.keys.worker_heartbeats(CHAT_QUEUE), 0, -1, withscores=True
-        )
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrange(self.keys.worker_heartbeats(CHAT_QUEUE), 0, -1, withscores=True)
+            pipe.zcount(self.keys.worker_starting(CHAT_QUEUE), now - STARTING_S, "+inf")
+            beats, starting = await pipe.execute()
         self.chat_beats = {str(name): float(beat) for name, beat in beats}
         self.beats_checked_at = now
         self._workers_alive = sum(1 for beat in self.chat_beats.values() if beat >= horizon)
+        self._workers_starting = int(starting)
         self._workers_checked = now
 
     async def _keep_counting_chat_workers(self) -> None:
@@ -203,10 +207,11 @@ class Gateway:
     def chat_workers_gone(self, now: float) -> bool:
         """Whether no chat worker is alive, as the background count (no round trip) says:
         a count taken within the last heartbeat interval, beats that can be trusted (not
-        right after a Redis outage), and none of them fresh. A worker just started may beat
-        after the count: it is counted within half an interval."""
+        right after a Redis outage), none of them fresh, and none starting (a worker on its way,
+        e.g. a restarted one warming up, answers the chat before its deadline)."""
         fresh = now - self._workers_checked < self.settings.worker_heartbeat_s
-        return fresh and self._workers_alive == 0 and self.beats_trusted(now)
+        none = self._workers_alive == 0 and self._workers_starting == 0
+        return fresh and none and self.beats_trusted(now)
 
     async def follow_elsewhere(self, job_id: str) -> None:
         """Record that this process follows a job (a resume; the admission script records the

@@ -47,6 +47,12 @@ from shared.protocol import (
 # is two Redis round trips; the rest is slack for a busy machine.
 TAKEOVER_GRACE_S = 1.5
 
+# How long a worker's start (`Keys.worker_starting`: process up, warming, no heartbeat yet)
+# counts as a worker on its way: a chat worker's warm-up (tokenizers, engine clients, the
+# embedding model, the cache index) takes seconds; one that died while starting stops counting
+# after this.
+STARTING_S = 30.0
+
 
 # --- the gateway's side -------------------------------------------------------------------
 

@@ -107,6 +107,12 @@ class Keys:
         """Sorted set: worker name -> last heartbeat (unix seconds)."""
         return f"{self.prefix}:workers:{queue}"
 
+    def worker_starting(self, queue: str) -> str:
+        """Sorted set: worker name -> when it started (unix seconds), from its process start
+        until its first heartbeat (a chat worker beats only once warm): a gateway does not end
+        a queued chat for want of a worker while one is on its way (shared/failover.py)."""
+        return f"{self.prefix}:workers-starting:{queue}"
+
     def worker_status(self, worker: str) -> str:
         """String (JSON, workers/workerstatus.py): a worker process's host, pid, queues and load
         as of its last heartbeat, written by that beat; expires `worker_status_ttl_s` after it,

@@ -115,6 +115,10 @@ class WorkerLifecycle:
                     ctx.load.watch(self._probe)
                 if not self.chat:
                     ctx.start_heartbeat(self.queues)
+                elif self.queues:
+                    # On its way, not yet taking chats: gateways keep the queued ones for it
+                    # (Keys.worker_starting); its first heartbeat takes the mark down.
+                    await ctx.announce_starting(self.queues)
                 self._context = ctx
         return self._context
 

@@ -82,6 +82,7 @@ class WorkerContext:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _heartbeat_task: asyncio.Task[None] | None = None
     _heartbeat_queues: tuple[str, ...] = ()
+    _starting_queues: tuple[str, ...] = ()
 
     @property
     def models(self) -> ModelTable:
@@ -112,6 +113,19 @@ class WorkerContext:
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         await pubsub.subscribe(self.keys.cancel_channel, self.keys.tenant_changed_channel)
         self._tasks.append(asyncio.create_task(self._listen_cancels(pubsub)))
+
+    async def announce_starting(self, queues: tuple[str, ...]) -> None:
+        """Say this worker is starting for `queues` (best effort: without it a gateway may end
+        a queued chat for want of a worker a few seconds before this one could answer it)."""
+        now = time.time()
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for queue in queues:
+                    pipe.zadd(self.keys.worker_starting(queue), {self.name: now})
+                await pipe.execute()
+            self._starting_queues = queues
+        except UNREACHABLE as exc:
+            log.warning("could not announce this worker's start: %s", exc)
 
     def start_heartbeat(self, queues: tuple[str, ...]) -> None:
         """Tell gateways this worker takes jobs from ``queues`` (once; later calls do nothing)."""
@@ -197,7 +211,10 @@ class WorkerContext:
                     pipe.zremrangebyscore(
                         self.keys.worker_statuses, "-inf", now - self.settings.worker_status_ttl_s
                     )
+                    for queue in self._starting_queues:  # started: counted by its beats now
+                        pipe.zrem(self.keys.worker_starting(queue), self.name)
                     await pipe.execute()
+                self._starting_queues = ()
                 outage.ok()
             except asyncio.CancelledError:
                 raise
@@ -219,6 +236,8 @@ class WorkerContext:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for queue in self._heartbeat_queues:
                     pipe.zrem(self.keys.worker_heartbeats(queue), self.name)
+                for queue in self._starting_queues:
+                    pipe.zrem(self.keys.worker_starting(queue), self.name)
                 if self._heartbeat_queues:  # a worker stopped in order is no longer listed
                     pipe.delete(self.keys.worker_status(self.name))
                     pipe.zrem(self.keys.worker_statuses, self.name)

@@ -235,6 +235,9 @@ async def test_a_chat_taken_off_the_queue_by_a_worker_that_died_runs_on_another(
     ) as stack:
         stack.wait_worker("chat0")
         stack.procs["chat0"].popen.send_signal(signal.SIGSTOP)  # alive to the gateway, no reads
+        # The survivor starts now: warming up, it is a worker on its way, and the gateway keeps
+        # the chat for it rather than end it for want of a worker (issue 42).
+        stack.start_worker("chat1")
         client = await connect(stack, opened)
         await client.chat("lost", PROMPT, cache=False, max_tokens=8)
         accepted = await client.next_for("lost")
@@ -248,7 +251,6 @@ async def test_a_chat_taken_off_the_queue_by_a_worker_that_died_runs_on_another(
             assert admin.llen(queue) == 0
         stack.procs["chat0"].kill()
         taken = time.monotonic()
-        stack.start_worker("chat1")
         tokens, end = await client.until_end("lost", timeout=20)
         took = time.monotonic() - taken
         print(f"\nlost off the queue: done {took:.2f}s after the worker took it")
