@@ -142,6 +142,7 @@ async def metrics(request: Request) -> Response:
     """Every process of this host in multiprocess mode (FIRSTTOKEN_METRICS_DIR), else this
     one; plus the queue depths, read from Redis for this scrape."""
     gw: Gateway = request.app.state.gateway
+    gw.metrics.flush_frames()  # this process's frames up to now (the rest at each tick)
     depths = await queue_depths(gw.redis, gw.keys)
     text = gw.chat_metrics.exposition([gw.metrics.registry], depths)
     return Response(text, media_type=CONTENT_TYPE_LATEST)

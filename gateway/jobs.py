@@ -301,7 +301,7 @@ class JobOwner:
         """Carry out what the relay state decided for one message."""
         for text in step.frames:
             self.send(text)
-        self.gw.metrics.chunks.inc(len(step.frames))
+        self.gw.metrics.frames_pending += len(step.frames)  # counted at the watchdog's tick
         if step.repair:
             self.gw.spawn(self._repair(job))
         if step.finished:

@@ -263,6 +263,7 @@ class Gateway:
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
             now = time.time()
             self.metrics.streams.set(len(self.feeds))
+            self.metrics.flush_frames()
             if not self.relay.connected:
                 # This process's own pub/sub is down (Redis restarting): the workers' silence
                 # says nothing about them; they hold their chunks and resend them (issue 29).
