@@ -43,6 +43,13 @@ class VerdictStore:
             pipe.sadd(self.keys.cache_stats_tenants, tenant)
             await pipe.execute()
 
+    async def count_undecided(self, tenant: str) -> None:
+        """A verification whose judge gave no verdict."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hincrby(self.keys.cache_stats(tenant), "undecided", 1)
+            pipe.sadd(self.keys.cache_stats_tenants, tenant)
+            await pipe.execute()
+
     async def read(self, tenant: str) -> Verdicts:
         return parse_verdicts(await self.redis.hgetall(self.keys.cache_verdicts(tenant)))
 
@@ -66,7 +73,8 @@ def parse_verdicts(raw: dict[Any, Any]) -> Verdicts:
 
 
 async def read_report(settings: Settings) -> list[dict[str, Any]]:
-    """Per tenant with counters: lookups, hits by tier, verified, disagreed, and the estimate
+    """Per tenant with counters: lookups, hits by tier, verified, disagreed, undecided (the
+    judge gave no verdict), and the estimate
     at the threshold in force (as its workers last published it)."""
     keys = Keys(settings.redis_prefix)
     redis = aioredis.from_url(settings.redis_url, decode_responses=True)
@@ -86,6 +94,7 @@ async def read_report(settings: Settings) -> list[dict[str, Any]]:
                     "verified": int(stats.get("verified", 0)),
                     "near_misses": int(stats.get("near_misses", 0)),
                     "disagreed": int(stats.get("disagreed", 0)),
+                    "undecided": int(stats.get("undecided", 0)),
                     "threshold": threshold,
                     "estimated": float(stats.get("estimated", est.rate if est else 0.0)),
                     "bound": float(stats.get("bound", est.upper if est else 1.0)),

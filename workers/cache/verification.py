@@ -180,6 +180,9 @@ class OnlineVerifier:
     ) -> None:
         agree = await self._judge(question, cached.answer, fresh, cached.model)
         if agree is None:
+            # No verdict (an LLM reply that is neither yes nor no, no score URL): counted, so
+            # that `firsttoken cache report` shows a judge that never decides.
+            await self.store.count_undecided(tenant)
             return
         await self.store.record(tenant, score, agree, near=near)
         recorder.cache_verification(agree)
