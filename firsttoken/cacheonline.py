@@ -126,12 +126,15 @@ def _cmd_report(args: argparse.Namespace) -> int:
         print(json.dumps(rows))
         return 0
     cols = ("tenant", "lookups", "exact", "semantic", "miss", "verified", "disagree",
-            "est. wrong", "95% bound", "threshold")  # fmt: skip
+            "undecided", "est. wrong", "95% bound", "threshold")  # fmt: skip
     print(" ".join(f"{c:>10}" for c in cols))
     for r in rows:
+        published = r["threshold"] is not None  # else no worker refreshed it yet
         cells = [r["tenant"], r["lookups"], r["exact"], r["semantic"], r["miss"], r["verified"],
-                 r["disagreed"], f"{r['estimated'] * 100:.2f}%", f"{r['bound'] * 100:.2f}%",
-                 f"{r['threshold']:.2f}"]  # fmt: skip
+                 r["disagreed"], r["undecided"],
+                 f"{r['estimated'] * 100:.2f}%" if published else "-",
+                 f"{r['bound'] * 100:.2f}%" if published else "-",
+                 f"{r['threshold']:.2f}" if published else "-"]  # fmt: skip
         print(" ".join(f"{c!s:>10}" for c in cells))
     return 0
 

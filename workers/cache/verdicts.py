@@ -84,8 +84,9 @@ async def read_report(settings: Settings) -> list[dict[str, Any]]:
             tenant = str(member)
             stats = await redis.hgetall(keys.cache_stats(tenant))
             verdicts = parse_verdicts(await redis.hgetall(keys.cache_verdicts(tenant)))
-            threshold = float(stats.get("threshold", "nan"))
-            est = estimate(verdicts, threshold) if threshold == threshold else None
+            # None until a worker of the tenant published the threshold in force.
+            threshold = float(stats["threshold"]) if "threshold" in stats else None
+            est = estimate(verdicts, threshold) if threshold is not None else None
             rows.append(
                 {
                     "tenant": tenant,
@@ -96,8 +97,8 @@ async def read_report(settings: Settings) -> list[dict[str, Any]]:
                     "disagreed": int(stats.get("disagreed", 0)),
                     "undecided": int(stats.get("undecided", 0)),
                     "threshold": threshold,
-                    "estimated": float(stats.get("estimated", est.rate if est else 0.0)),
-                    "bound": float(stats.get("bound", est.upper if est else 1.0)),
+                    "estimated": float(stats.get("estimated", est.rate)) if est else None,
+                    "bound": float(stats.get("bound", est.upper)) if est else None,
                     "verified_at_threshold": est.verified if est else 0,
                 }
             )
