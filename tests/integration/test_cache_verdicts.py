@@ -7,14 +7,18 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
-from tests.integration.cacheverify import stats, verifying_stage
+from tests.integration.cacheverify import chat_job, put_answer, stats, verifying_stage
 from tests.integration.conftest import Services
 from tests.support import ROOT
-from workers.cache.online import threshold_in_force
+from workers.cache.online import parse_yes_no, threshold_in_force
 from workers.cache.stage import CacheStage
+from workers.engines.base import Delta, EngineRequest
+from workers.engines.sim import SimEngine, SimOptions
 
 pytestmark = pytest.mark.integration
 
@@ -122,3 +126,78 @@ async def test_cache_report_shows_each_tenants_counters_estimate_and_threshold(
                              f"{acme['bound'] * 100:.2f}%", "0.94"]  # fmt: skip
     assert cells["beta"] == ["beta", "2", "0", "0", "2", "0", "0", "0", "-", "-", "-"]
     assert cells["gamma"][-3:] == ["0.00%", "100.00%", "1.00"]
+
+
+class JudgedEngine:
+    """The in-process simulator, every request recorded with its reply; with ``verdict`` the
+    judge's question (and only it) is answered with that text instead, as a model that
+    follows the prompt would. The simulator's own words are lorem ipsum: never yes or no."""
+
+    name = "sim"
+
+    def __init__(self, verdict: str | None = None) -> None:
+        self.sim = SimEngine(SimOptions(ttft_ms=5, itl_ms=1))
+        self.verdict = verdict
+        self.calls: list[tuple[EngineRequest, str]] = []
+
+    async def stream(self, request: EngineRequest, *, request_id: str) -> AsyncIterator[Delta]:
+        judged = request.messages[-1].content.startswith("Question:")
+        if judged and self.verdict is not None:
+            self.calls.append((request, self.verdict))
+            yield Delta(text=self.verdict, finish_reason="stop")
+            return
+        parts = []
+        async for delta in self.sim.stream(request, request_id=request_id):
+            parts.append(delta.text)
+            yield delta
+        self.calls.append((request, "".join(parts)))
+
+    async def abort(self, request_id: str) -> None:
+        await self.sim.abort(request_id)
+
+    async def aclose(self) -> None:
+        await self.sim.aclose()
+
+
+CACHED = "Open Settings, then Security, and choose Reset password."
+
+
+async def _verify_a_hit(engine: JudgedEngine, redis_url: str) -> tuple[dict[str, str], bool]:
+    """A semantic hit sampled, replayed, asked of the engine again and judged by it (the
+    LLM judge); the tenant's counters and whether the entry is still stored."""
+    async with verifying_stage(redis_url, engine=engine, cache_verify_judge="llm") as stage:
+        hit = await put_answer(stage, "t", "How do I reset my password?", CACHED)
+        job = chat_job("t", "How can I reset my password?")
+        stage.online.hit(job, "sim", hit, 0.98)
+        stage.online.replayed(job)
+        await _settle(stage)
+        redis: Any = stage.store.redis
+        kept = bool(await redis.exists(stage.store.keys.cache_entry(hit.entry_id)))
+        return await stats(stage, "t"), kept
+
+
+async def test_the_llm_judge_asks_the_engine_and_counts_a_reply_that_is_neither_yes_nor_no(
+    services: Services,
+) -> None:
+    engine = JudgedEngine()
+    got, kept = await _verify_a_hit(engine, services.redis_url)
+    (again, fresh), (judge, reply) = engine.calls
+    assert again.messages[-1].content == "How can I reset my password?"
+    prompt = judge.messages[-1].content
+    assert "How can I reset my password?" in prompt and CACHED in prompt and fresh in prompt
+    assert (judge.max_tokens, judge.temperature) == (3, 0.0)
+    assert parse_yes_no(reply) is None, reply  # lorem ipsum: no verdict
+    assert got.get("undecided") == "1" and "verified" not in got, got
+    assert kept
+
+
+@pytest.mark.parametrize(("verdict", "agree"), [("Yes.", True), ("No, they differ.", False)])
+async def test_the_llm_judges_yes_or_no_is_a_verdict_in_redis(
+    services: Services, verdict: str, agree: bool
+) -> None:
+    engine = JudgedEngine(verdict)
+    got, kept = await _verify_a_hit(engine, services.redis_url)
+    assert len(engine.calls) == 2
+    assert got["verified"] == "1" and got.get("disagreed", "0") == ("0" if agree else "1"), got
+    assert "undecided" not in got
+    assert kept is agree  # a served answer judged wrong is dropped
