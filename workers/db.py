@@ -1,4 +1,5 @@
-"""The worker process's database engine and sessionmaker, created once on the process loop."""
+"""The worker process's database engine and sessionmaker (one per WorkerContext, `ctx.db`),
+built on first use on the process loop."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from shared.settings import get_settings
 class Database:
     """Lazily built engine + sessionmaker for `settings.database_url`.
 
-    Call only on the process loop (`workers.runtime.runner`). Creation has no `await` in it,
+    Call only on the process loop (`workers.runtime.runner`); the lifecycle's `database` step
+    closes it. Creation has no `await` in it,
     so on one loop it cannot interleave with another task's creation: no lock is needed (an
     asyncio.Lock would guard nothing, and would bind to whichever loop used it first).
     """
@@ -43,11 +45,3 @@ class Database:
         engine, self._engine, self._sessionmaker = self._engine, None, None
         if engine is not None:
             await engine.dispose()
-
-
-database = Database()
-
-
-async def close_database() -> None:
-    """For worker shutdown: close the process's pool."""
-    await database.close()

@@ -13,23 +13,22 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 
-from shared.keys import BULK_QUEUE, CHAT_QUEUE, Keys
+from shared.keys import Keys
 from shared.logs import OutageLog
 from shared.modeltable import ModelSpec, ModelTable, model_table
 from shared.redis.client import UNREACHABLE
 from shared.redis.pipe import PipeScript, RedisPipe
 from shared.settings import Settings
 from shared.tasks import UsageRecord
-from workers.bulk.sweep import UsageSweeper
 from workers.chat.failover import JobLeases
 from workers.chat.load import WorkerLoad
-from workers.chat.orphans import GatewayWatch
+from workers.db import Database
 from workers.engines.base import Engine
 from workers.engines.factory import make_model_engine
 from workers.workerstatus import WorkerStatus
@@ -68,6 +67,10 @@ class WorkerContext:
     usage: UsageSink
     # The owner leases of this worker's chats (workers/chat/failover.py), on the same pipe.
     leases: JobLeases
+    # The process's database pool (workers/db.py), opened on first use.
+    db: Database
+    # The queues this worker reads (none: a process that runs no worker, e.g. a test).
+    queues: tuple[str, ...] = ()
     _engines: dict[tuple[str, str], Engine] = field(default_factory=dict)
     running: dict[str, Cancellable] = field(default_factory=dict)
     # Drafts being prefilled (workers/chat/prefill.py): cancellable like chats, but no chat's lease,
@@ -79,8 +82,8 @@ class WorkerContext:
     # What each heartbeat reports besides the time (`firsttoken workers`).
     load: WorkerLoad = field(default_factory=WorkerLoad)
     started_at: float = field(default_factory=time.time)
-    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    _heartbeat_task: asyncio.Task[None] | None = None
+    # The process's background loops by name (the steps that start them stop them).
+    _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _heartbeat_queues: tuple[str, ...] = ()
     _starting_queues: tuple[str, ...] = ()
 
@@ -107,17 +110,28 @@ class WorkerContext:
         """Connect the pipelined writer (the Redis pool connects on first use)."""
         await self.pipe.start()
 
+    def spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a background loop of this process until :meth:`stop_task` (or close)."""
+        self._tasks[name] = asyncio.create_task(coro, name=name)
+
+    async def stop_task(self, name: str) -> None:
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
     async def start_cancel_listener(self) -> None:
         """Subscribe to the cancel channel (a job cancelled from now on stops here) and the
         tenant channel (a tenant's rows changed: `tenant_listeners` forget them)."""
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         await pubsub.subscribe(self.keys.cancel_channel, self.keys.tenant_changed_channel)
-        self._tasks.append(asyncio.create_task(self._listen_cancels(pubsub)))
+        self.spawn("cancel-listener", self._listen_cancels(pubsub))
 
-    async def announce_starting(self, queues: tuple[str, ...]) -> None:
+    async def announce_starting(self) -> None:
         """Say this worker is starting for `queues` (best effort: without it a gateway may end
         a queued chat for want of a worker a few seconds before this one could answer it)."""
-        now = time.time()
+        now, queues = time.time(), self.queues
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for queue in queues:
@@ -127,28 +141,25 @@ class WorkerContext:
         except UNREACHABLE as exc:
             log.warning("could not announce this worker's start: %s", exc)
 
-    def start_heartbeat(self, queues: tuple[str, ...]) -> None:
-        """Tell gateways this worker takes jobs from ``queues`` (once; later calls do nothing)."""
-        if queues and self._heartbeat_task is None:
-            self._heartbeat_queues = queues
-            self._heartbeat_task = asyncio.create_task(self._heartbeat(queues))
-            self._tasks.append(self._heartbeat_task)
-            # Issue 29: a chat worker stops the chats of dead gateways; a bulk worker sends on
-            # usage rows whose task was lost.
-            if CHAT_QUEUE in queues:
-                watch = GatewayWatch(
-                    self.pipe,
-                    self.keys,
-                    self.running,
-                    self.settings.gateway_heartbeat_s,
-                    self.settings.gateway_dead_after_s,
-                )
-                self._tasks.append(asyncio.create_task(watch.run(), name="gateway-watch"))
-            if BULK_QUEUE in queues:
-                sweeper = UsageSweeper(
-                    self.pipe, self.keys, self.name, self.settings.usage_resend_after_s
-                )
-                self._tasks.append(asyncio.create_task(sweeper.run(), name="usage-sweep"))
+    async def start_heartbeat(self) -> None:
+        """Tell gateways this worker takes jobs from its queues, once a beat from now on."""
+        if self.queues and "heartbeat" not in self._tasks:
+            self._heartbeat_queues = self.queues
+            self.spawn("heartbeat", self._heartbeat(self.queues))
+
+    async def stop_heartbeat(self) -> None:
+        """Stop beating and drop this worker from its queues' counts and the status list (a
+        worker stopped in order is no longer listed)."""
+        await self.stop_task("heartbeat")
+        queues, self._heartbeat_queues = self._heartbeat_queues, ()
+        with contextlib.suppress(Exception):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for queue in queues:
+                    pipe.zrem(self.keys.worker_heartbeats(queue), self.name)
+                if queues:
+                    pipe.delete(self.keys.worker_status(self.name))
+                    pipe.zrem(self.keys.worker_statuses, self.name)
+                await pipe.execute()
 
     async def _listen_cancels(self, pubsub: aioredis.client.PubSub) -> None:
         outage = OutageLog(log, "cancel listener")
@@ -224,23 +235,18 @@ class WorkerContext:
                 log.warning("heartbeat failed", exc_info=True)
             await asyncio.sleep(self.settings.worker_heartbeat_s)
 
+    async def close_database(self) -> None:
+        await self.db.close()
+
     async def close(self) -> None:
-        """Stop the heartbeat (and drop this worker from its queues' counts) and the cancel
-        listener, then close the engines, the usage batcher, the writer and the pool."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        """Stop whatever loop still runs, take down the start mark, then close the engines,
+        the usage batcher, the writer and the pool."""
+        for name in list(self._tasks):
+            await self.stop_task(name)
         with contextlib.suppress(Exception):
             async with self.redis.pipeline(transaction=False) as pipe:
-                for queue in self._heartbeat_queues:
-                    pipe.zrem(self.keys.worker_heartbeats(queue), self.name)
                 for queue in self._starting_queues:
                     pipe.zrem(self.keys.worker_starting(queue), self.name)
-                if self._heartbeat_queues:  # a worker stopped in order is no longer listed
-                    pipe.delete(self.keys.worker_status(self.name))
-                    pipe.zrem(self.keys.worker_statuses, self.name)
                 await pipe.execute()
         for engine in self._engines.values():
             with contextlib.suppress(Exception):

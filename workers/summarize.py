@@ -20,7 +20,6 @@ from shared.modeltable import ModelSpec, ModelTable
 from shared.settings import Settings
 from workers.app import app
 from workers.conversation import StoredMessage, summary_prompt
-from workers.db import database
 from workers.engines.base import EngineRequest
 from workers.lifecycle import lifecycle
 from workers.resources import WorkerContext
@@ -45,7 +44,7 @@ async def summarize_conversation(
     ctx: WorkerContext, conversation_id: str, tenant_id: str, upto: int
 ) -> bool:
     """Fold messages up to ``upto`` into the summary; False when there was nothing to do."""
-    async with database.sessionmaker()() as session:
+    async with ctx.db.sessionmaker()() as session:
         conv = await session.get(Conversation, conversation_id)
         if conv is None or conv.tenant_id != tenant_id:
             return False
@@ -78,7 +77,7 @@ async def summarize_conversation(
     text = "".join(parts).strip()
     if not text:
         return False
-    async with database.sessionmaker().begin() as session:
+    async with ctx.db.sessionmaker().begin() as session:
         updated: Any = await session.execute(
             update(Conversation)
             .where(

@@ -80,9 +80,7 @@ async def test_sources_run_concurrently_and_failures_degrade() -> None:
     assert results["b"].value == "b"
 
 
-async def test_start_up_compiles_every_source_query(
-    services: Services, migrated: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_start_up_compiles_every_source_query(services: Services, migrated: str) -> None:
     """After `warm_queries` (a worker's start-up), the first chat of a tenant runs only
     statements SQLAlchemy has already compiled, and the warm-up itself caches no tenant."""
     from sqlalchemy import event
@@ -92,12 +90,11 @@ async def test_start_up_compiles_every_source_query(
     from workers.retrieval import sources
 
     db = Database(services.database_url)
-    monkeypatch.setattr(sources, "database", db)
     _, tenant_id, _ = await new_tenant(services.database_url)
     db.sessionmaker()
     assert db._engine is not None
     try:
-        await sources.warm_queries()
+        await sources.warm_queries(db)
         assert sources._tenant_cache.held(("prompt", sources.WARM_UP_TENANT), None) is None
         hits: list[object] = []
 
@@ -106,9 +103,9 @@ async def test_start_up_compiles_every_source_query(
             hits.append(context.cache_hit)
 
         query = Query(tenant_id, "hello", f"conv-{tenant_id}")
-        await sources.UserSource(1.0)._load(query)
-        await sources.KbSource._version_loader(query)()
-        state = await sources.ConversationSource(1.0, new=False).fetch(query)
+        await sources.UserSource(db, 1.0)._load(query)
+        await sources._kb_version_loader(db, query)()
+        state = await sources.ConversationSource(db, 1.0, new=False).fetch(query)
         assert state is not None and not state.found  # no such conversation
         assert len(hits) == 3
         assert all(hit is CACHE_HIT for hit in hits), hits

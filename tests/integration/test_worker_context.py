@@ -155,8 +155,8 @@ async def test_the_heartbeat_carries_the_load_and_its_record_expires_or_goes_wit
         assert status.queues == ("bulk",)
         assert workers["bulk-leaves@test"].queues == ("bulk", "summarize")
 
-        assert ctx._heartbeat_task is not None
-        ctx._heartbeat_task.cancel()  # it dies: no more beats, no goodbye
+        beat = ctx._tasks["heartbeat"]
+        beat.cancel()  # it dies: no more beats, no goodbye
         for _ in range(100):
             if "bulk-dies@test" not in await listed():
                 break

@@ -28,7 +28,7 @@ from shared.redis.pipe import RedisPipe
 from shared.settings import get_settings
 from shared.tasks import MessagesRecord, UsageRecord
 from workers.app import app
-from workers.db import database
+from workers.db import Database
 from workers.lifecycle import lifecycle
 from workers.runtime import runner
 
@@ -53,15 +53,17 @@ DURABLE_TASK_OPTIONS: dict[str, Any] = {
 }
 
 
-async def _write(write: Callable[[AsyncSession, R], Awaitable[T]], record: R, what: str) -> T:
+async def _write(
+    db: Database, write: Callable[[AsyncSession, R], Awaitable[T]], record: R, what: str
+) -> T:
     try:
-        async with database.sessionmaker().begin() as session:
+        async with db.sessionmaker().begin() as session:
             return await write(session, record)
     except Exception as exc:
         if not is_retryable(exc):
             raise
         # The pool's connections died with the server; keep none of them for the next try.
-        await database.reset_pool()
+        await db.reset_pool()
         raise DatabaseUnavailable(f"database unavailable for {what}: {exc!r}") from exc
 
 
@@ -71,13 +73,18 @@ async def _write_usage(records: list[UsageRecord], label: str) -> int:
     ctx = await lifecycle.context()
     keys, ids = ctx.keys, [record.request_id for record in records]
     try:
-        written = await _write(insert_usage_rows, records, label)
+        written = await _write(ctx.db, insert_usage_rows, records, label)
     except DatabaseUnavailable:
         resend_after_ms = int(settings.usage_resend_after_s * 1000)
         _on_pipe(ctx.pipe, scripts.USAGE_TOUCH, [keys.usage_due], [resend_after_ms, *ids])
         raise
     _on_pipe(ctx.pipe, scripts.USAGE_WRITTEN, [keys.usage_due, keys.usage_rows], ids)
     return written
+
+
+async def _write_messages(record: MessagesRecord) -> int:
+    ctx = await lifecycle.context()
+    return await _write(ctx.db, insert_messages, record, record.request_id)
 
 
 def _on_pipe(
@@ -132,7 +139,7 @@ def persist_messages(self: Task, messages: dict[str, Any]) -> int:
         # Enqueued before an operator turned store_text off: the text must not land.
         return 0
     try:
-        return runner.run(_write(insert_messages, record, record.request_id))
+        return runner.run(_write_messages(record))
     except DatabaseUnavailable:
         _note_retry(self, record.request_id)
         raise

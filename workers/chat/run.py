@@ -47,7 +47,6 @@ from workers.chat.publish import JobPublisher
 from workers.chat.record import Outcome, record
 from workers.chat.stream import TokenStream
 from workers.chat.takeover import Takeover
-from workers.db import database
 from workers.engines.base import Delta
 from workers.lifecycle import lifecycle
 from workers.prompt import BuiltPrompt
@@ -89,8 +88,8 @@ async def warm_chat_worker(ctx: WorkerContext) -> None:
         ctx.engine_for(spec)
     try:
         async with asyncio.timeout(5):
-            await database.warm()
-            await retrieval.warm_queries()
+            await ctx.db.warm()
+            await retrieval.warm_queries(ctx.db)
     except Exception as exc:  # noqa: BLE001 - chats work without the database; it may be down
         log.warning("database not reachable at start-up (%s); chats go on without it", exc)
     try:

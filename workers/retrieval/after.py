@@ -10,7 +10,6 @@ from typing import Any
 
 from shared.keys import SUMMARIZE_QUEUE, SUMMARIZE_TASK
 from shared.tasks import ChatJob, task_message
-from workers.db import database
 from workers.resources import WorkerContext
 from workers.retrieval.assembly import Prepared
 from workers.retrieval.gather import summarize_results
@@ -86,7 +85,7 @@ async def after_answer(
         created_at=time.time(),
     )
     try:
-        async with asyncio.timeout(1.0), database.sessionmaker().begin() as session:
+        async with asyncio.timeout(1.0), ctx.db.sessionmaker().begin() as session:
             await insert_messages(session, record)
     except Exception as exc:  # noqa: BLE001 - the bulk path retries it
         log.warning("direct write of turn %s failed (%s); the bulk queue has it", job.job_id, exc)

@@ -32,7 +32,7 @@ from shared.db.models import Conversation, MessageRow, TenantPrompt
 from shared.settings import Settings
 from shared.tasks import ChatJob
 from workers.conversation import StoredMessage
-from workers.db import database
+from workers.db import Database
 from workers.embeddings.base import Embedder
 from workers.kb.index import KbIndexes
 from workers.kb.store import kb_version, load_chunks
@@ -70,7 +70,8 @@ class ConversationState:
 class UserSource:
     name = "user"
 
-    def __init__(self, deadline_s: float) -> None:
+    def __init__(self, db: Database, deadline_s: float) -> None:
+        self.db = db
         self.deadline_s = deadline_s
 
     async def fetch(self, query: Query) -> dict[str, Any] | None:
@@ -83,7 +84,7 @@ class UserSource:
         return _per_tenant_held("prompt", query.tenant_id, lambda: self._load(query))
 
     async def _load(self, query: Query) -> dict[str, Any] | None:
-        async with database.sessionmaker()() as session:
+        async with self.db.sessionmaker()() as session:
             row = await session.get(TenantPrompt, query.tenant_id)
         if row is None:
             return None
@@ -100,7 +101,8 @@ class UserSource:
 class ConversationSource:
     name = "conversation"
 
-    def __init__(self, deadline_s: float, new: bool) -> None:
+    def __init__(self, db: Database, deadline_s: float, new: bool) -> None:
+        self.db = db
         self.deadline_s = deadline_s
         self.new = new
 
@@ -116,7 +118,7 @@ class ConversationSource:
         hit = self.cached(query)
         if hit is not None:
             return hit[0]
-        async with database.sessionmaker()() as session:
+        async with self.db.sessionmaker()() as session:
             conv = await session.get(Conversation, query.conversation_id)
             # Another tenant's conversation reads as unknown: its existence is not disclosed.
             if conv is None or conv.tenant_id != query.tenant_id:
@@ -129,6 +131,14 @@ class ConversationSource:
             rows = await session.execute(stmt.order_by(MessageRow.id))
             messages = tuple(StoredMessage(int(r[0]), str(r[1]), str(r[2])) for r in rows)
         return ConversationState(True, conv.summary, conv.summary_upto, messages)
+
+
+def _kb_version_loader(db: Database, query: Query) -> Any:
+    async def load_version() -> Any:
+        async with db.sessionmaker()() as session:
+            return await kb_version(session, query.tenant_id)
+
+    return load_version
 
 
 class KbSource:
@@ -149,13 +159,8 @@ class KbSource:
             return ([],)
         return None
 
-    @staticmethod
-    def _version_loader(query: Query) -> Any:
-        async def load_version() -> Any:
-            async with database.sessionmaker()() as session:
-                return await kb_version(session, query.tenant_id)
-
-        return load_version
+    def _version_loader(self, query: Query) -> Any:
+        return _kb_version_loader(self.kb.db, query)
 
     async def fetch(self, query: Query) -> list[ContextChunk]:
         if self.top_k == 0:
@@ -208,6 +213,7 @@ class KbState:
     """The process's knowledge-base embedder (one thread, like the cache's) and indexes."""
 
     settings: Settings
+    db: Database
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="kb-embed")
     )
@@ -239,7 +245,7 @@ class KbState:
         return loading
 
     async def _load(self, tenant_id: str, version: Any, model: str) -> None:
-        async with database.sessionmaker()() as session:
+        async with self.db.sessionmaker()() as session:
             rows = await load_chunks(session, tenant_id, model)
         self.indexes.load(tenant_id, version, rows)
 
@@ -261,17 +267,20 @@ async def warm_kb(ctx: WorkerContext) -> None:
     _tenant_cache.ttl_s = settings.tenant_cache_s
     if settings.kb_top_k == 0:
         return
-    kb = _kb_state(settings)
+    kb = _kb_state(ctx)
     await asyncio.get_running_loop().run_in_executor(kb.executor, kb.embedder)
 
 
 _kb: KbState | None = None
 
 
-def _kb_state(settings: Settings) -> KbState:
+def _kb_state(ctx: WorkerContext) -> KbState:
+    """The process's kb embedder and indexes (loaded once: seconds), reading through the
+    current context's database (a process that reopens its context, a test, gets the new one)."""
     global _kb
     if _kb is None:
-        _kb = KbState(settings)
+        _kb = KbState(ctx.settings, ctx.db)
+    _kb.db = ctx.db
     return _kb
 
 
@@ -279,9 +288,9 @@ def sources_for(ctx: WorkerContext, job: ChatJob) -> list[Source]:
     s = ctx.settings
     db_s = s.retrieval_db_deadline_ms / 1000.0
     sources: list[Source] = [
-        UserSource(db_s),
-        ConversationSource(db_s, job.new_conversation),
-        KbSource(s.retrieval_kb_deadline_ms / 1000.0, _kb_state(s), s.kb_top_k, s.kb_min_score),
+        UserSource(ctx.db, db_s),
+        ConversationSource(ctx.db, db_s, job.new_conversation),
+        KbSource(s.retrieval_kb_deadline_ms / 1000.0, _kb_state(ctx), s.kb_top_k, s.kb_min_score),
         QuotaSource(s.retrieval_quota_deadline_ms / 1000.0, ctx),
     ]
     if s.retrieval_probe_ms > 0:
@@ -293,7 +302,7 @@ def sources_for(ctx: WorkerContext, job: ChatJob) -> list[Source]:
 WARM_UP_TENANT = "firsttoken-warm-up"
 
 
-async def warm_queries() -> None:
+async def warm_queries(db: Database) -> None:
     """Run each source's database query once, for a tenant that does not exist (a worker's
     start-up, after the pool's first connection). A process's first run of a statement pays for
     SQLAlchemy's compilation and the driver's first use: without this the first chat of each
@@ -302,7 +311,7 @@ async def warm_queries() -> None:
     query = Query(WARM_UP_TENANT, "", WARM_UP_TENANT)
     # Together, as a chat runs them: the pool opens the connections they need at once now.
     await asyncio.gather(
-        UserSource(0.0)._load(query),
-        KbSource._version_loader(query)(),
-        ConversationSource(0.0, new=False).fetch(query),
+        UserSource(db, 0.0)._load(query),
+        _kb_version_loader(db, query)(),
+        ConversationSource(db, 0.0, new=False).fetch(query),
     )
