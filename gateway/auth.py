@@ -39,6 +39,9 @@ REDIS_KEY_TTL_S = 300
 # A key used within this long is read again in the background before its cached answer ages
 # out (`Authenticator.keep_fresh`); one idle longer is looked up by its next request.
 KEEP_FRESH_AFTER_USE_S = 60.0
+# At most this many keys per background read (the most recently used): the rest are looked up
+# by their own requests, as before.
+KEEP_FRESH_MAX_KEYS = 1000
 # What a client is told to wait when the database cannot be reached to check its key: a
 # restarting PostgreSQL takes seconds, not milliseconds.
 DATABASE_RETRY_AFTER_MS = 2000
@@ -117,6 +120,8 @@ class Authenticator:
         digests = list(self._used)
         if not digests:
             return
+        if len(digests) > KEEP_FRESH_MAX_KEYS:
+            digests = sorted(digests, key=self._used.__getitem__)[-KEEP_FRESH_MAX_KEYS:]
         invalidations = self._invalidations
         try:
             raws = await self._redis.mget([self._keys.api_key(d) for d in digests])

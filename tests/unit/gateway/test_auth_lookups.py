@@ -82,6 +82,7 @@ class Records:
         self.records: dict[str, dict[str, Any]] = {}
         self.gets = self.mgets = 0
         self.during_mget: Any = None
+        self.asked: list[str] = []
 
     async def get(self, key: str) -> str | None:
         self.gets += 1
@@ -90,6 +91,7 @@ class Records:
 
     async def mget(self, keys: list[str]) -> list[str | None]:
         self.mgets += 1
+        self.asked.extend(keys)
         if self.during_mget is not None:
             self.during_mget()
         return [await self.get(k) for k in keys]
@@ -137,3 +139,20 @@ async def test_nothing_is_refreshed_without_a_cache() -> None:
     await auth.keep_fresh()  # returns at once
     await auth.refresh()
     assert redis.mgets == 0
+
+
+async def test_a_refresh_reads_at_most_the_most_recently_used_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gateway.auth as auth_module
+
+    monkeypatch.setattr(auth_module, "KEEP_FRESH_MAX_KEYS", 2)
+    redis = Records()
+    keys = Keys("t:")
+    auth = Authenticator(redis, keys, sessions=None, cache_s=1.0)  # type: ignore[arg-type]
+    for name in ("sk-1", "sk-2", "sk-3"):
+        redis.records[keys.api_key(hash_key(name))] = RECORD
+        await auth.authenticate(name)
+        await asyncio.sleep(0.001)
+    await auth.refresh()
+    assert sorted(redis.asked) == sorted(keys.api_key(hash_key(n)) for n in ("sk-2", "sk-3"))
