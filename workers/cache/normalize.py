@@ -226,8 +226,12 @@ def _digest(value: object) -> str:
     return hashlib.blake2b(raw.encode(), digest_size=16).hexdigest()
 
 
-def partition_key(model: str, system: str) -> str:
-    """Which semantic index a request searches: same model route and same system prompt only."""
+def partition_key(model: str, system: str, history: str = "") -> str:
+    """Which semantic index a request searches: same model route and same system prompt only,
+    and for a follow-up, when ``history`` (its earlier turns' ``context_key``) is given, the
+    same earlier turns only. A first turn's key is the same with or without it."""
+    if history and history != _NO_HISTORY:
+        return _digest(["p1", model, system, history])
     return _digest(["p1", model, system])
 
 
@@ -246,4 +250,8 @@ def exact_key(
 
 
 def context_key(context: tuple[tuple[str, str], ...]) -> str:
+    """The earlier turns, each normalised as the exact tier normalises (``normalize``)."""
     return _digest(["c1", list(context)])
+
+
+_NO_HISTORY = context_key(())

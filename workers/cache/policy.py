@@ -28,8 +28,9 @@ from workers.cache.verify import NAME as VERIFIER
 @dataclass(frozen=True, slots=True)
 class Policy:
     threshold: float = 0.92
-    # None: the earlier turns of a conversation must be the same (after normalisation) for its
-    # last question to be served from another conversation's answer. A number: they may differ
+    # None: the earlier turns of a conversation must be the same (after the exact tier's
+    # normalisation) for its last question to be served from another conversation's answer;
+    # their hash is part of the partition searched (Query.partition). A number: they may differ
     # if their embeddings are this similar and the guards agree; measured to serve wrong answers
     # (docs/benchmarks.md), so only on request.
     context_threshold: float | None = None
@@ -92,8 +93,14 @@ class Query:
             max_tokens=max_tokens,
             temperature=temperature,
         )
-        self.partition = partition_key(f"{model}|{embedder}", self.turn.system)
         self.context = context_key(self.turn.context)
+        # A follow-up searches only the entries after the very same earlier turns (unless
+        # contexts are compared by embedding): a common follow-up ("Can you cancel it?") of
+        # many conversations never crowds its own conversation's entry out of the candidates.
+        same_history = policy.context_threshold is None
+        self.partition = partition_key(
+            f"{model}|{embedder}", self.turn.system, self.context if same_history else ""
+        )
         self.max_tokens = max_tokens
 
     @property
