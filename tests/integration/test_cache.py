@@ -30,6 +30,10 @@ def cstack(
         # can beat an embedding on a loaded 2-core machine; then the engine answers, by design).
         sim_args=("--ttft-ms", "200", "--itl-ms", "5", "--max-tokens", "32"),
         cache_max_temperature="0.5",
+        # The risk these mechanisms were written at (threshold 0.73, the old default): the
+        # shipped 1% (0.97, held out of sample) serves near repeats only, and these tests are
+        # about what the cache does with a hit, not about where the threshold lies.
+        cache_max_error_rate="0.02",
         # The default frame limit, not the tests' 64 KiB, and a model with room for it: a
         # question near max_message_chars (100,000 characters) must reach the cache.
         max_frame_bytes=str(1 << 20),
@@ -56,6 +60,16 @@ async def _ask(
     assert last["type"] == "done", last
     assert [t["seq"] for t in tokens] == list(range(len(tokens)))
     return "".join(t["text"] for t in tokens), last
+
+
+async def _error(client: Client, chat_id: str, text: str) -> dict[str, Any]:
+    """A chat refused: its one `error` frame, no token before it."""
+    await client.send(
+        {"type": "chat", "id": chat_id, "messages": [{"role": "user", "content": text}]}
+    )
+    tokens, last = await client.until_end(chat_id, timeout=30)
+    assert last["type"] == "error" and not tokens, (tokens, last)
+    return last
 
 
 def _entries(stack: Stack) -> int:
@@ -131,6 +145,7 @@ async def test_with_a_head_start_a_semantic_hit_never_reaches_the_engine(
         bulk=False,
         sim_args=("--ttft-ms", "200", "--itl-ms", "5", "--max-tokens", "32"),
         cache_head_start_ms="1000",  # far above an embedding, even on a loaded machine
+        cache_max_error_rate="0.02",  # threshold 0.73: a paraphrase is a hit (see cstack)
         cache_verify_rate="0",  # no verification request of the hit (5% by default)
     ) as s:
         s.wait_ready()
@@ -253,14 +268,13 @@ async def test_a_fixed_snippet_is_not_answered_with_the_broken_ones_answer(cstac
     await client.ws.close()
 
 
-async def test_a_blank_question_is_answered_and_the_connection_goes_on(cstack: Stack) -> None:
-    """Whitespace alone is a question the engine answers; nothing breaks, before or after it
-    is cached, and the next chat on the connection is served as usual."""
+async def test_a_blank_question_is_refused_and_the_connection_goes_on(cstack: Stack) -> None:
+    """Whitespace alone is no question (issue 42): `invalid_request` before anything reaches
+    the cache or the engine, and the next chat on the connection is served as usual."""
     client = await _client(cstack)
     for i in range(2):
-        _, done = await _ask(client, f"blank{i}", " \n\t ")
-        assert done["finish_reason"] in ("stop", "length")
-        await asyncio.sleep(1.0)
+        frame = await _error(client, f"blank{i}", " \n\t ")
+        assert frame["code"] == "invalid_request", frame
     answer = await _stored(client, "Do you sell gift cards?", "blank-next", cstack)
     again, done = await _ask(client, "blank-next-again", "Do you sell gift cards?")
     assert done["cached"] is True and again == answer

@@ -236,12 +236,15 @@ async def test_the_commands_json_is_the_reports(
     engine: AsyncEngine, database_url: str, by: GroupBy
 ) -> None:
     """The command (on PostgreSQL its bare asyncpg path) prints the report's groups as they
-    are, for every grouping and within a window."""
+    are, for every grouping and within a window; by tenant, each with its id beside its name
+    (these tenants have no row: the name is the id)."""
     args = ("--by", by, "--format", "json", "--since", "2026-01-01T00:00:30")
     out = usage_cmd(database_url, *args)
     assert out.returncode == 0, out.stderr
     since = datetime.fromtimestamp(DAY1 + 30, UTC)
-    expected = [{by: g.group, **g.as_dict()} for g in await report_list(engine, by, since)]
+    ids = (lambda g: {"tenant_id": g.group}) if by == "tenant" else (lambda g: {})
+    groups = await report_list(engine, by, since)
+    expected = [{by: g.group, **ids(g), **g.as_dict()} for g in groups]
     for row in expected:
         row.pop("group")
     assert json.loads(out.stdout) == expected
