@@ -90,7 +90,7 @@ async def _stop_tracing(ctx: WorkerContext) -> None:
 async def _stop_cache_stage(ctx: WorkerContext) -> None:
     # Before Redis closes: the stage's follower reads the context's Redis, and must not see
     # its connection closed under a blocking read.
-    await close_stage()
+    await close_stage(ctx)
 
 
 async def _start_gateway_watch(ctx: WorkerContext) -> None:

@@ -45,6 +45,12 @@ class Cancellable(Protocol):
         """Stop without a word: another worker took the chat over (workers/chat/failover.py)."""
 
 
+class Part(Protocol):
+    """A piece of a worker built on first use that closes with it (the cache stage)."""
+
+    async def close(self) -> None: ...
+
+
 class UsageSink(Protocol):
     """Where a chat's usage row goes (workers.chat.usage.UsageBatcher)."""
 
@@ -82,6 +88,10 @@ class WorkerContext:
     # What each heartbeat reports besides the time (`firsttoken workers`).
     load: WorkerLoad = field(default_factory=WorkerLoad)
     started_at: float = field(default_factory=time.time)
+    # The cache stage (workers/cache/stage.py): built by the first lookup or the warm-up,
+    # under its lock, closed by the lifecycle's cache-stage step.
+    cache_stage: Part | None = None
+    cache_stage_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # The process's background loops by name (the steps that start them stop them).
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _heartbeat_queues: tuple[str, ...] = ()

@@ -15,6 +15,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import cast
 
 from shared.metrics import recorder
 from shared.settings import Settings
@@ -313,22 +314,15 @@ class CacheStage:
             self.embedder.close()
 
 
-_stage: CacheStage | None = None
-_lock: asyncio.Lock | None = None
-
-
 async def get_stage(ctx: WorkerContext) -> CacheStage | None:
-    """The process's cache stage, built on first use under a lock; None when the cache is off
-    or cannot start (the chat then runs uncached, and the reason is logged once)."""
-    global _stage, _lock
+    """The worker's cache stage (on its context), built on first use under a lock; None when
+    the cache is off or cannot start (the chat then runs uncached, and the reason is logged)."""
     if not ctx.settings.cache_enabled:
         return None
-    if _stage is not None:
-        return _stage
-    if _lock is None:
-        _lock = asyncio.Lock()
-    async with _lock:
-        if _stage is None:
+    if ctx.cache_stage is not None:
+        return current_stage(ctx)
+    async with ctx.cache_stage_lock:
+        if ctx.cache_stage is None:
             embedder: Embedder | None = None
             if ctx.settings.cache_semantic:
                 try:
@@ -339,13 +333,13 @@ async def get_stage(ctx: WorkerContext) -> CacheStage | None:
                     log.error("semantic cache disabled: embedder failed to load", exc_info=True)
             stage = CacheStage(ctx, embedder)
             await stage.store.start()
-            _stage = stage
-    return _stage
+            ctx.cache_stage = stage
+    return current_stage(ctx)
 
 
-def current_stage() -> CacheStage | None:
-    """The process's cache stage if it is built already (never waits for it)."""
-    return _stage
+def current_stage(ctx: WorkerContext) -> CacheStage | None:
+    """The worker's cache stage if it is built already (never waits for it)."""
+    return cast(CacheStage | None, ctx.cache_stage)
 
 
 async def lookup(
@@ -378,8 +372,7 @@ async def warm(ctx: WorkerContext) -> None:
         log.warning("cache warm-up failed; the first chat will retry", exc_info=True)
 
 
-async def close_stage() -> None:
-    global _stage
-    if _stage is not None:
-        stage, _stage = _stage, None
+async def close_stage(ctx: WorkerContext) -> None:
+    stage, ctx.cache_stage = ctx.cache_stage, None
+    if stage is not None:
         await stage.close()

@@ -358,7 +358,7 @@ class ChatRun:
     def _exact_known(self) -> tuple[Query | None, bool]:
         """The cache's view of this request (when the stage is up) and whether this process
         already knows an exact hit for it."""
-        stage = cache_stage.current_stage()
+        stage = cache_stage.current_stage(self.ctx)
         query = stage.query(self.job, self.model) if stage is not None else None
         return query, stage is not None and query is not None and stage.knows_exact(query)
 
