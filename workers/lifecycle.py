@@ -93,6 +93,12 @@ async def _stop_cache_stage(ctx: WorkerContext) -> None:
     await close_stage(ctx)
 
 
+async def _stop_kb(ctx: WorkerContext) -> None:
+    kb, ctx.kb = ctx.kb, None
+    if kb is not None:
+        await kb.close()
+
+
 async def _start_gateway_watch(ctx: WorkerContext) -> None:
     s = ctx.settings
     watch = GatewayWatch(
@@ -131,6 +137,7 @@ STEPS: tuple[Step[WorkerContext], ...] = (
     ),
     Step("starting-mark", WorkerContext.announce_starting, None, ("redis",), CHAT),
     Step("cache-stage", None, _stop_cache_stage, ("redis",), CHAT),
+    Step("kb", None, _stop_kb, ("database",), CHAT),
     Step(
         "heartbeat",
         WorkerContext.start_heartbeat,

@@ -91,6 +91,8 @@ class WorkerContext:
     # The cache stage (workers/cache/stage.py): built by the first lookup or the warm-up,
     # under its lock, closed by the lifecycle's cache-stage step.
     cache_stage: Part | None = None
+    # The knowledge base's embedder and indexes (workers/retrieval/sources.py KbState).
+    kb: Part | None = None
     cache_stage_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # The process's background loops by name (the steps that start them stop them).
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)

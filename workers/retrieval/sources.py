@@ -24,7 +24,7 @@ import asyncio
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import select
 
@@ -235,6 +235,10 @@ class KbState:
             self._indexes = KbIndexes(self.embedder().dim)
         return self._indexes
 
+    async def close(self) -> None:
+        """The embedding thread ends (the lifecycle's kb step, at the worker's stop)."""
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
     def load(self, tenant_id: str, version: Any, model: str) -> asyncio.Future[None]:
         """Load a tenant's index at `version`: the load in progress, or a new one."""
         loading = self._loading.get(tenant_id)
@@ -271,17 +275,11 @@ async def warm_kb(ctx: WorkerContext) -> None:
     await asyncio.get_running_loop().run_in_executor(kb.executor, kb.embedder)
 
 
-_kb: KbState | None = None
-
-
 def _kb_state(ctx: WorkerContext) -> KbState:
-    """The process's kb embedder and indexes (loaded once: seconds), reading through the
-    current context's database (a process that reopens its context, a test, gets the new one)."""
-    global _kb
-    if _kb is None:
-        _kb = KbState(ctx.settings, ctx.db)
-    _kb.db = ctx.db
-    return _kb
+    """The worker's kb embedder and indexes (on its context: loaded once, seconds)."""
+    if ctx.kb is None:
+        ctx.kb = KbState(ctx.settings, ctx.db)
+    return cast(KbState, ctx.kb)
 
 
 def sources_for(ctx: WorkerContext, job: ChatJob) -> list[Source]:

@@ -68,7 +68,7 @@ def test_the_workers_own_steps_plan_for_every_pool() -> None:
     a script) gets Redis and the database, never a heartbeat."""
     chat = plan(STEPS, ["chat"])
     assert names(phase_of(chat, "open")) == [
-        "tracing", "redis", "database", "cancel-listener", "starting-mark", "cache-stage",
+        "tracing", "redis", "database", "cancel-listener", "starting-mark", "cache-stage", "kb",
     ]  # fmt: skip
     assert names(phase_of(chat, "ready")) == ["heartbeat", "gateway-watch"]
     bulk = plan(STEPS, ["bulk"])
