@@ -9,6 +9,11 @@ Both doors against the engine, in the public gateway comparison's shape (issue 4
 
     python -m firsttoken.bench --profile on-the-bench --modes direct,stack,openai --interleave \
         --concurrency 1,32 --requests 192 --repeats 3
+
+The Responses door against the Chat Completions door (issue 44), the same way:
+
+    python -m firsttoken.bench --profile on-the-bench --modes direct,openai,responses \
+        --interleave --concurrency 1,32 --requests 192 --repeats 3
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any, Protocol
 from firsttoken.bench.profiles import PROFILES, get_profile
 from firsttoken.bench.stats import RequestResult, aggregate_runs, summarize_run
 
-MODES = ("stack", "openai", "direct", "naive", "litellm")
+MODES = ("stack", "openai", "responses", "direct", "naive", "litellm")
 
 
 class Client(Protocol):
@@ -76,7 +81,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         type=lambda s: [m.strip() for m in s.split(",") if m.strip()],
         help="comma-separated modes, run back to back at each load point: stack "
         "(through firsttoken's websocket gateway), openai (the same gateway's OpenAI door, "
-        "POST /v1/chat/completions), direct (the engine's OpenAI "
+        "POST /v1/chat/completions), responses (its Responses door, POST /v1/responses, "
+        "streamed, store false), direct (the engine's OpenAI "
         "streaming API), naive (blocking request, then a sync DB write and a log "
         "line), litellm (the LiteLLM proxy in front of the same engine). "
         "Default: %(default)s",
@@ -331,9 +337,10 @@ class Bench:
         self.ws_url, self.api_key = args.url or "", args.api_key or ""
         self.stack: Any = None
         self.peer: Any = None
-        self._model = ""  # the gateway's default model, for the openai mode
+        self._model = ""  # the gateway's default model, for the HTTP doors' modes
 
     def start(self, exits: ExitStack) -> None:
+        from firsttoken.bench.interleave import STACK_MODES
         from firsttoken.bench.stack import BenchStack
 
         a = self.args
@@ -347,7 +354,7 @@ class Bench:
         exits.callback(self.stack.close)
         if not self.engine_url:
             self.engine_url = self.stack.start_sim()
-        if {"stack", "openai"} & set(a.modes) and not self.ws_url:
+        if STACK_MODES & set(a.modes) and not self.ws_url:
             self.stack.start_stack()
             self.ws_url, self.api_key = self.stack.ws_url, self.stack.api_key
         if "litellm" in a.modes:
@@ -373,8 +380,9 @@ class Bench:
                 cache=a.cache == "on",
                 timeout_s=a.timeout,
             )
-        if mode == "openai":
+        if mode in ("openai", "responses"):
             from firsttoken.bench.direct import DirectClient
+            from firsttoken.bench.sse import CHAT, RESPONSES
             from firsttoken.openaiclient import base_url
 
             url = base_url(self.ws_url)
@@ -385,8 +393,9 @@ class Bench:
                 max_tokens=max_tokens,
                 connections=streams,
                 timeout_s=a.timeout,
-                # The stack mode's cache flag, so the two doors are compared on one path.
+                # The stack mode's cache flag, so the doors are compared on one path.
                 extra={"x_firsttoken": {"cache": a.cache == "on"}},
+                door=RESPONSES if mode == "responses" else CHAT,
             )
         if mode in ("direct", "litellm"):
             from firsttoken.bench.direct import DirectClient
@@ -429,7 +438,10 @@ class Bench:
 
             from firsttoken.openaiclient import default_model
 
-            self._model = default_model(openai.OpenAI(base_url=url, api_key=self.api_key))
+            # Closed after: an unclosed client's pooled socket is a ResourceWarning, whichever
+            # test the collector meets it in.
+            with openai.OpenAI(base_url=url, api_key=self.api_key) as client:
+                self._model = default_model(client)
         return self._model
 
     async def _wait_idle(self) -> float:

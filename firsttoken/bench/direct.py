@@ -5,6 +5,10 @@ as raw bytes and its content deltas counted, not parsed (JSON only for the final
 because the load generator has to stay far cheaper than the thing it measures. ``chars``
 counts content deltas here, not characters. HTTP is aiohttp's (parsed in C): an httpx client
 cost several times its CPU per request, all of it competing with the engine it measures.
+
+The same client, given the gateway's URL, is the `openai` mode (its Chat Completions door) and,
+given `door=RESPONSES`, the `responses` mode (its Responses door): one connection handling and
+one clock for every HTTP door, only the body and the event reader differ (firsttoken/bench/sse.py).
 """
 
 from __future__ import annotations
@@ -15,15 +19,8 @@ from typing import Any
 
 import aiohttp
 
-from firsttoken.bench.loadgen import _loads
+from firsttoken.bench.sse import CHAT, Door
 from firsttoken.bench.stats import RequestResult
-
-# Compact JSON (vLLM, the simulator) and json.dumps' default spacing (LiteLLM).
-_CONTENT = (b'"content":"', b'"content": "')
-_EMPTY = (b'"content":""', b'"content": ""')
-_USAGE = b'"usage":{'
-# firsttoken's OpenAI door: the last chunk's stage timings (gateway/openai_protocol.py extras).
-_EXTRAS = b'"x_firsttoken":{'
 
 
 def streaming_session(limit: int, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
@@ -39,7 +36,8 @@ def streaming_session(limit: int, timeout: aiohttp.ClientTimeout) -> aiohttp.Cli
 
 
 class DirectClient:
-    """Streams chat completions from ``base_url`` (e.g. http://127.0.0.1:8100/v1)."""
+    """Streams answers from ``base_url`` (e.g. http://127.0.0.1:8100/v1) through ``door``: Chat
+    Completions (the default) or the gateway's Responses API."""
 
     def __init__(
         self,
@@ -51,9 +49,11 @@ class DirectClient:
         connections: int = 256,
         timeout_s: float = 120.0,
         extra: dict[str, Any] | None = None,
+        door: Door = CHAT,
     ) -> None:
         self.extra = extra or {}  # more request fields (the gateway's `x_firsttoken`)
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.door = door
+        self.url = base_url.rstrip("/") + door.path
         self.model, self.max_tokens = model, max_tokens
         self._headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
         self._connections = connections
@@ -68,15 +68,8 @@ class DirectClient:
             await self._session.close()
 
     async def send(self, prompt: str) -> RequestResult:
-        body: dict[str, Any] = {
-            "model": self.model,
-            "stream": True,
-            "messages": [{"role": "user", "content": prompt}],
-            "stream_options": {"include_usage": True},
-            **self.extra,
-        }
-        if self.max_tokens:
-            body["max_tokens"] = self.max_tokens
+        body = {**self.door.body(self.model, prompt, self.max_tokens), **self.extra}
+        read = self.door.read
         t0 = time.perf_counter()
         result = RequestResult(start_s=t0)
         last = t0
@@ -95,12 +88,7 @@ class DirectClient:
                     if b"\n\n" not in buf:
                         continue
                     events, _, buf = buf.rpartition(b"\n\n")
-                    # Byte counting, not JSON: an empty content delta (the role chunk) is
-                    # `"content":""`; every other content delta is one token. Only the rare
-                    # usage event is parsed.
-                    n = sum(events.count(c) for c in _CONTENT) - sum(
-                        events.count(e) for e in _EMPTY
-                    )
+                    n = read(events, result)  # text deltas; the final event's usage, timings
                     if n > 0:
                         if result.ttft_ms is None:
                             result.ttft_ms = (now - t0) * 1000
@@ -108,16 +96,6 @@ class DirectClient:
                             result.gaps_ms.append((now - last) * 1000)
                         last = now
                         result.chars += n
-                    if _USAGE in events or _EXTRAS in events:
-                        for event in events.split(b"\n\n"):
-                            if not event.startswith(b"data: {"):
-                                continue
-                            if _USAGE in event:
-                                usage = _loads(event[6:]).get("usage") or {}
-                                result.tokens = int(usage.get("completion_tokens", 0))
-                            if _EXTRAS in event:
-                                extras = _loads(event[6:]).get("x_firsttoken") or {}
-                                result.server_timings = extras.get("timings") or {}
                 result.total_ms = (time.perf_counter() - t0) * 1000
         except (aiohttp.ClientError, TimeoutError) as exc:
             result.error = f"client_{type(exc).__name__}"

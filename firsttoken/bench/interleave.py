@@ -105,7 +105,8 @@ async def drive_interleaved(
     return outcomes, wall, cpu
 
 
-STACK_MODES = frozenset({"stack", "openai"})
+# The modes through the stack's gateway: its websocket and its two HTTP doors.
+STACK_MODES = frozenset({"stack", "openai", "responses"})
 
 
 def shared_cpu_share(
@@ -114,8 +115,8 @@ def shared_cpu_share(
     """One mode's share of the processes' CPU in an interleaved run, as a share of a core over
     the run (what a run of that mode alone records, so that stats.cpu_ms_per_request reads the
     same): the engine's CPU is split over every answered request, the stack's processes'
-    (gateway, workers, Redis) over the requests through either door of the stack, a peer's
-    over its own. Both doors' requests share the stack's cost at its mean per request."""
+    (gateway, workers, Redis) over the requests through any door of the stack, a peer's
+    over its own. Every door's requests share the stack's cost at its mean per request."""
     if wall_s <= 0:
         return {}
     out: dict[str, float] = {}

@@ -126,20 +126,23 @@ def test_bench_openai_mode_runs_beside_the_websocket(tmp_path: Path) -> None:
 def test_interleaved_mode_reports_every_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`--interleave` (issue 43): the engine and both doors in one run, one stream and a burst;
-    every mode's run, the added first token and gap, the hops and the CPU per chat."""
+    """`--interleave` (issue 43): the engine and every door (the websocket, Chat Completions and
+    the Responses API, issue 44) in one run, one stream and a burst; every mode's run, the added
+    first token and gap, the hops and the CPU per chat."""
     out = tmp_path / "bench.json"
-    args = ["--profile", "tiny", "--modes", "direct,stack,openai", "--interleave"]
+    doors = ("stack", "openai", "responses")
+    args = ["--profile", "tiny", "--modes", "direct,stack,openai,responses", "--interleave"]
     args += ["--concurrency", "1,4", "--requests", "8", "--warmup", "1", "--workers", "1"]
     assert main([*args, "--no-progress", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     runs = {(r["mode"], r["load"]) for r in data["runs"]}
-    assert runs == {(m, c) for m in ("direct", "stack", "openai") for c in ("c=1", "c=4")}
+    assert runs == {(m, c) for m in ("direct", *doors) for c in ("c=1", "c=4")}
     for run in data["runs"]:
         s = run["summary"]
         assert run["interleaved"] and s["errors"] == 0 and s["ok"] >= 2, run["mode"]
         assert s["ttft_ms"]["p99"] > 0 and s["gap_ms"]["p50"] > 0
-        if run["mode"] != "direct":  # both doors carry the chat's hop timings
+        assert s["tokens"] > 0 and s["cached"] == 0, run["mode"]  # the final event was read
+        if run["mode"] != "direct":  # every door carries the chat's hop timings
             assert {"accept_ms", "queue_ms", "engine_ttft_ms", "relay_ms"} <= set(
                 s["server_stages_ms"]
             ), run["mode"]
@@ -148,9 +151,10 @@ def test_interleaved_mode_reports_every_field(
             assert set(run["server_cpu_share"]) <= {"sim"}
     for load in ("c=1", "c=4"):
         entry = data["aggregate"][load]
-        for mode in ("stack", "openai"):
+        for mode in doors:
             for field in ("added_ttft_ms", "added_gap_ms"):
                 assert {"p50", "p99"} <= set(entry[field][mode]), (load, mode, field)
             assert entry["modes"][mode]["cpu_ms_per_request"]["stack"]["median"] > 0
     printed = capsys.readouterr().out
     assert "(interleaved)" in printed and "added gap p50 / p99" in printed
+    assert "responses c=1 #1 (interleaved)" in printed
