@@ -192,10 +192,7 @@ class WorkerContext:
             outage.ok()
             if msg is None or msg.get("type") != "message":
                 continue
-            channel = msg.get("channel")
-            if isinstance(channel, bytes):
-                channel = channel.decode()
-            if channel == self.keys.tenant_changed_channel:
+            if msg.get("channel") == self.keys.tenant_changed_channel:  # decoded: str
                 for forget in self.tenant_listeners:
                     forget(str(msg["data"]))
                 continue
