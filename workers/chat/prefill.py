@@ -68,12 +68,10 @@ async def run_prefill(ctx: WorkerContext, draft: DraftJob) -> str:
     happened ("prefilled", "aborted", "failed", or the verdict that dropped it)."""
     settings, keys = ctx.settings, ctx.keys
     latest = await ctx.redis.get(keys.draft_latest(draft.scope))
-    if isinstance(latest, bytes):  # the worker's client decodes; a raw one would not
-        latest = latest.decode()
     now = time.time()
     verdict = prefill_verdict(
         job_id=draft.job_id,
-        latest=latest,
+        latest=_text(latest),
         now=now,
         enqueued_at=draft.enqueued_at,
         max_age_s=settings.draft_max_age_s,
@@ -89,7 +87,16 @@ async def run_prefill(ctx: WorkerContext, draft: DraftJob) -> str:
     running = keys.draft_running(draft.scope)
     job = draft_chat_job(draft, now, settings.first_token_deadline_s)
     try:
-        await ctx.redis.set(running, draft.job_id, ex=RUNNING_TTL_S)
+        # Marked running, then the newest draft read again, in one transaction: a newer draft
+        # admitted before the mark is seen here (superseded), one admitted after it finds the
+        # mark and aborts this prefill; the read above alone leaves a gap between the two.
+        async with ctx.redis.pipeline(transaction=True) as pipe:
+            pipe.set(running, draft.job_id, ex=RUNNING_TTL_S)
+            pipe.get(keys.draft_latest(draft.scope))
+            _, latest = await pipe.execute()
+        if _text(latest) != draft.job_id:
+            log.debug("draft %s dropped: superseded", draft.job_id)
+            return "superseded"
         return await _prefill(ctx, job, now)
     except asyncio.CancelledError:
         if not run.aborted:
@@ -102,6 +109,11 @@ async def run_prefill(ctx: WorkerContext, draft: DraftJob) -> str:
         ctx.prefills.pop(draft.job_id, None)
         with contextlib.suppress(Exception):
             await scripts.run(ctx.redis, scripts.DRAFT_CLEAR_RUNNING, [running], [draft.job_id])
+
+
+def _text(value: str | bytes | None) -> str | None:
+    """A reply as text: the worker's client decodes; a raw one would not."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
 async def _prefill(ctx: WorkerContext, job: ChatJob, started: float) -> str:
