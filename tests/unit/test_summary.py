@@ -1,10 +1,14 @@
-"""The end-of-run summary (tests/summary.py): stand-ins and skips are listed, loudly."""
+"""The end-of-run summary (tests/summary.py): stand-ins and skips are listed, loudly; and how
+many processes a run takes (tests/conftest.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
+from tests.conftest import PROCESSES, processes_for
 from tests.summary import (
     REPLACED_TITLE,
     SKIPPED_TITLE,
@@ -57,3 +61,22 @@ def test_tier_and_reason_of_odd_reports() -> None:
     assert tier_of("test_x.py::t") == "tests"
     assert tier_of("tests/test_top.py::t") == "tests"
     assert skip_reason("plain text") == "plain text"
+
+
+@pytest.mark.parametrize(
+    ("markexpr", "env", "processes"),
+    [
+        ("not (faults or cluster or vllm or browser)", None, PROCESSES),  # the default run
+        ("unit", None, PROCESSES),
+        ("integration", None, PROCESSES),
+        ("", None, 0),  # every tier
+        ("faults", None, 0),
+        ("not unit", None, 0),
+        ("faults or cluster or vllm or browser", None, 0),
+        ("unit", "3", 3),  # PYTEST_XDIST_AUTO_NUM_WORKERS wins
+    ],
+)
+def test_only_runs_free_of_the_serial_tiers_spread_over_processes(
+    markexpr: str, env: str | None, processes: int
+) -> None:
+    assert processes_for(markexpr, env) == processes
