@@ -131,7 +131,7 @@ async def test_with_events_on_its_chats_reach_an_event_receiver(
             out = _celery(s, "control", "enable_events", "-d", _node("chat0", s), "-t", "10")
             assert "task events enabled" in out, out
         receiver = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", RECEIVER, "12", env=s.env(), stdout=asyncio.subprocess.PIPE
+            sys.executable, "-c", RECEIVER, "30", env=s.env(), stdout=asyncio.subprocess.PIPE
         )
         try:
             assert receiver.stdout is not None
@@ -156,7 +156,8 @@ async def test_with_events_on_its_chats_reach_an_event_receiver(
         assert received["name"] == "firsttoken.chat" and received["hostname"].startswith("chat0-")
 
 
-# Prints every task event for argv[1] seconds, one JSON object a line.
+# Prints every task event, one JSON object a line, until the first task succeeded or for at most
+# argv[1] seconds.
 RECEIVER = """
 import json, sys, threading
 from workers.app import app
@@ -164,10 +165,14 @@ seconds = float(sys.argv[1])
 def show(event):
     if event["type"].startswith("task-"):
         print(json.dumps(event, default=str), flush=True)
+    if event["type"] == "task-succeeded":
+        recv.should_stop = True
 with app.connection() as conn:
     recv = app.events.Receiver(conn, handlers={"*": show})
     recv.on_consume_ready = lambda *a, **k: print("ready", flush=True)
-    threading.Timer(seconds, lambda: setattr(recv, "should_stop", True)).start()
+    timer = threading.Timer(seconds, lambda: setattr(recv, "should_stop", True))
+    timer.daemon = True  # not holding the process once it stopped on its own
+    timer.start()
     recv.capture(limit=None, timeout=None, wakeup=False)
 """
 
