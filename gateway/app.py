@@ -20,8 +20,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from gateway.auth import key_from_request
+from gateway.httpio import error_response
 from gateway.metrics import queue_depths
-from gateway.openai import _error_response as openai_error
 from gateway.openai import chat_completions
 from gateway.openai_protocol import error_reply, exception_reply, http_error_reply
 from gateway.responses import create_response, response_item
@@ -158,7 +158,7 @@ async def _refused(request: Request) -> Response | None:
         )
     except FirstTokenError as exc:
         gw.metrics.errors.labels(exc.code.value).inc()
-        return openai_error(exception_reply(exc))
+        return error_response(exception_reply(exc))
     return None
 
 
@@ -182,7 +182,7 @@ async def retrieve_model(request: Request) -> Response:
             return JSONResponse(model)
     known = ", ".join(gw.models.names)
     message = f"the model {model_id[:128]!r} does not exist; known models: {known}"
-    return openai_error(error_reply("model_not_found", message, param="model", status=404))
+    return error_response(error_reply("model_not_found", message, param="model", status=404))
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -192,7 +192,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
     headers = dict(exc.headers or {})
     if request.url.path.startswith("/v1/"):
         reply = http_error_reply(exc.status_code, request.method, request.url.path)
-        return openai_error(reply, headers)
+        return error_response(reply, headers)
     if exc.status_code in (204, 304):
         return Response(status_code=exc.status_code, headers=headers)
     return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=headers)

@@ -25,11 +25,11 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway.auth import Principal, key_from_request
 from gateway.eager import Rest, start_eagerly
+from gateway.httpio import error_response, read_body
 from gateway.jobs import Job, JobOwner, SessionHost
 from gateway.openai_protocol import (
     SSE_DONE,
     ChunkEncoder,
-    ErrorReply,
     InvalidParameter,
     ParsedRequest,
     UnknownModel,
@@ -47,9 +47,6 @@ from shared.tracing.context import from_headers
 
 log = logging.getLogger(__name__)
 
-# A body over the limit is still read to its end (so the client gets its 400 rather than a
-# reset connection) but not kept, up to this much; past it the connection is dropped.
-DRAIN_LIMIT_BYTES = 64 << 20
 # The request's one chat on its JobOwner (the id the relayed frames carry).
 CHAT_ID = "c"
 
@@ -75,39 +72,13 @@ class HttpChat(JobOwner):
             self.frames.put_nowait(text)
 
 
-def _error_response(reply: ErrorReply, headers: dict[str, str] | None = None) -> Response:
-    """An error in OpenAI's shape (every `/v1` HTTP route's, gateway/app.py's too)."""
-    headers = dict(headers or {})
-    if reply.retry_after_s is not None:
-        headers["retry-after"] = str(reply.retry_after_s)
-    return Response(
-        orjson.dumps(reply.body),
-        status_code=reply.status,
-        headers=headers,
-        media_type="application/json",
-    )
-
-
-async def _read_body(request: Request, limit: int) -> tuple[bytes, int]:
-    """The body and its size; a body over `limit` is read to its end but not kept."""
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > DRAIN_LIMIT_BYTES:
-            raise InvalidRequest(f"the request body is over {limit} bytes, the limit")
-        if size <= limit:
-            parts.append(chunk)
-    return b"".join(parts), size
-
-
 async def chat_completions(request: Request) -> Response:
     received = time.time()  # the chat's first timing point: its body, key and checks count
     gw: Gateway = request.app.state.gateway
     settings = gw.settings
     try:
         # The body first, whatever comes next: a client still sending cannot read a reply.
-        body, size = await _read_body(request, settings.max_frame_bytes)
+        body, size = await read_body(request, settings.max_frame_bytes)
         principal = await gw.auth.authenticate(
             key_from_request(dict(request.headers), dict(request.query_params))
         )
@@ -136,7 +107,7 @@ async def chat_completions(request: Request) -> Response:
     except FirstTokenError as exc:
         reply = exception_reply(exc)
         gw.metrics.errors.labels(str(reply.body["error"]["code"])).inc()
-        return _error_response(reply)
+        return error_response(reply)
     return CompletionResponse(chat, job, parsed)
 
 

@@ -9,18 +9,25 @@ Out: `chat.completion.chunk` server-sent events, the `chat.completion` object, a
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from gateway.openai_request import (
+    InvalidParameter,
+    Strict,
+    describe,
+    invalid,
+    names,
+    parse_json_object,
+    parse_messages,
+)
 from shared.errors import ErrorCode, FirstTokenError, InvalidRequest
-from shared.protocol import ChatFrame, Message
+from shared.protocol import ChatFrame
 from shared.tags import MetadataField, UserField
 
 # OpenAI parameters a client may reasonably send that this stack cannot honour: refused by
@@ -52,9 +59,6 @@ UNSUPPORTED_PARAMETERS = frozenset(
     }
 )
 
-# The role OpenAI's newer models use in place of `system`.
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-
 SSE_DONE = b"data: [DONE]\n\n"
 
 
@@ -62,23 +66,18 @@ class UnknownModel(InvalidRequest):
     """A model the table does not hold: 404 on the HTTP door (OpenAI's `model_not_found`)."""
 
 
-class _Strict(BaseModel):
-    # hide_input_in_errors: an error chained to a logged exception must not quote the text.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, hide_input_in_errors=True)
-
-
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: bool | None = None
 
 
-class FirstTokenOptions(_Strict):
+class FirstTokenOptions(Strict):
     """firsttoken's own request fields (an SDK sends them with `extra_body`)."""
 
     cache: bool = True
     conversation_id: str | None = Field(None, min_length=1, max_length=64)
 
 
-class ChatCompletionRequest(_Strict):
+class ChatCompletionRequest(Strict):
     model: str = Field(min_length=1, max_length=128)
     messages: list[dict[str, Any]] = Field(min_length=1)
     stream: bool | None = None
@@ -101,120 +100,6 @@ class ParsedRequest:
     include_usage: bool
 
 
-def _names(keys: list[str]) -> str:
-    return ", ".join(repr(k) for k in sorted(keys)[:10])
-
-
-# Where a union's member failed, pydantic names the member in the error's location.
-_UNION_MEMBERS = frozenset({"float", "int", "str", "bool"})
-
-
-def _describe(exc: ValidationError) -> tuple[str, str | None]:
-    parts = []
-    param = None
-    for err in exc.errors()[:5]:
-        loc = ".".join(str(p) for p in err["loc"] if p not in _UNION_MEMBERS)
-        param = param or (loc or None)
-        msg = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(parts), param
-
-
-class InvalidParameter(InvalidRequest):
-    """A 400 that names the request parameter at fault (the error's `param`)."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-def _invalid(message: str, param: str | None = None) -> InvalidParameter:
-    return InvalidParameter(message, param)
-
-
-def _content(value: object, where: str) -> str:
-    """A message's content: a string, or a list of text parts (joined)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        texts = []
-        for i, part in enumerate(value):
-            if not isinstance(part, dict) or part.get("type") != "text":
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise _invalid(
-                    f"{where}.content[{i}]: only text parts are supported, not {kind!r}",
-                    f"{where}.content",
-                )
-            extra = set(part) - {"type", "text"}
-            if extra or not isinstance(part.get("text"), str):
-                raise _invalid(
-                    f"{where}.content[{i}]: a text part is {{'type': 'text', 'text': str}}",
-                    f"{where}.content",
-                )
-            texts.append(part["text"])
-        return "".join(texts)
-    raise _invalid(
-        f"{where}.content must be a string or a list of text parts, not {type(value).__name__}",
-        f"{where}.content",
-    )
-
-
-_MESSAGE_FIELDS = frozenset({"role", "content"})
-
-
-def _messages(
-    raw: list[dict[str, Any]],
-    *,
-    name: str = "messages",
-    fields: frozenset[str] = _MESSAGE_FIELDS,
-    content: Callable[[object, str], str] = _content,
-) -> list[Message]:
-    """Chat messages from a door's message list (`name`): `fields` are the fields an item may
-    have, `content` reads one's content (the Responses door reads its own parts)."""
-    out = []
-    for i, item in enumerate(raw):
-        where = f"{name}[{i}]"
-        extra = set(item) - fields
-        if extra:
-            raise _invalid(
-                f"{where}: unsupported field(s) {_names(list(extra))}; "
-                "a message is {'role', 'content'}",
-                where,
-            )
-        role = item.get("role")
-        if not isinstance(role, str) or role not in _ROLES:
-            raise _invalid(
-                f"{where}.role {role!r} is not supported; use one of {', '.join(_ROLES)}",
-                f"{where}.role",
-            )
-        if "content" not in item:
-            raise _invalid(f"{where}.content is required", f"{where}.content")
-        out.append(Message(role=_ROLES[role], content=content(item["content"], where)))  # type: ignore[arg-type]
-    return out
-
-
-def parse_json_object(body: bytes, *, max_bytes: int) -> dict[str, Any]:
-    """A request body as a JSON object (every HTTP door's first step), or a 400 saying what is
-    wrong with it."""
-    if len(body) > max_bytes:
-        raise _invalid(f"the request body is {len(body)} bytes; the limit is {max_bytes}")
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        # orjson refuses lone surrogates and deep nesting too; the standard decoder's message
-        # says where the JSON itself breaks, when it does.
-        try:
-            json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise _invalid(f"the request body is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise _invalid("the request body is nested too deeply") from None
-        raise _invalid("the request body is not valid UTF-8 JSON (a lone surrogate?)") from None
-    if not isinstance(data, dict):
-        raise _invalid("the request body must be a JSON object")
-    return data
-
-
 def parse_chat_request(
     body: bytes, *, chat_id: str, max_bytes: int, max_messages: int
 ) -> ParsedRequest:
@@ -223,37 +108,37 @@ def parse_chat_request(
     data = parse_json_object(body, max_bytes=max_bytes)
     unsupported = [k for k in data if k in UNSUPPORTED_PARAMETERS]
     if unsupported:
-        raise _invalid(
-            f"unsupported parameter(s): {_names(unsupported)}; firsttoken does not serve them",
+        raise invalid(
+            f"unsupported parameter(s): {names(unsupported)}; firsttoken does not serve them",
             sorted(unsupported)[0],
         )
     unknown = [k for k in data if k not in ChatCompletionRequest.model_fields]
     if unknown:
-        raise _invalid(f"unknown parameter(s): {_names(unknown)}", sorted(unknown)[0])
+        raise invalid(f"unknown parameter(s): {names(unknown)}", sorted(unknown)[0])
     messages = data.get("messages")
     if isinstance(messages, list) and len(messages) > max_messages:
-        raise _invalid(
+        raise invalid(
             f"too many messages: {len(messages)}; the limit is {max_messages}", "messages"
         )
     try:
         req = ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
-        message, param = _describe(exc)
-        raise _invalid(f"invalid request: {message}", param) from None
+        message, param = describe(exc)
+        raise invalid(f"invalid request: {message}", param) from None
     if req.max_tokens is not None and req.max_completion_tokens is not None:
         if req.max_tokens != req.max_completion_tokens:
-            raise _invalid(
+            raise invalid(
                 "max_tokens and max_completion_tokens differ; send one of them",
                 "max_completion_tokens",
             )
     if req.stream_options is not None and not req.stream:
-        raise _invalid("stream_options is only allowed with stream: true", "stream_options")
+        raise invalid("stream_options is only allowed with stream: true", "stream_options")
     options = req.x_firsttoken or FirstTokenOptions(conversation_id=None)
     try:
         frame = ChatFrame(
             type="chat",
             id=chat_id,
-            messages=_messages(req.messages),
+            messages=parse_messages(req.messages),
             model=req.model,
             max_tokens=req.max_completion_tokens or req.max_tokens,
             temperature=None if req.temperature is None else float(req.temperature),
@@ -263,8 +148,8 @@ def parse_chat_request(
             tags=req.metadata,
         )
     except ValidationError as exc:
-        message, param = _describe(exc)
-        raise _invalid(f"invalid request: {message}", param) from None
+        message, param = describe(exc)
+        raise invalid(f"invalid request: {message}", param) from None
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return ParsedRequest(frame, bool(req.stream), include_usage)
 

@@ -28,23 +28,18 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.auth import Principal, key_from_request
+from gateway.httpio import error_response, read_body
 from gateway.jobs import Job, SessionHost
-from gateway.openai import (
-    CHAT_ID,
-    CompletionResponse,
-    HttpChat,
-    _error_response,
-    _read_body,
-)
+from gateway.openai import CHAT_ID, CompletionResponse, HttpChat
 from gateway.openai_protocol import (
     ErrorReply,
-    InvalidParameter,
     ParsedRequest,
     UnknownModel,
     error_reply,
     exception_reply,
     frame_reply,
 )
+from gateway.openai_request import InvalidParameter
 from gateway.responses_protocol import (
     EventEncoder,
     ResponseHead,
@@ -135,7 +130,7 @@ async def create_response(request: Request) -> Response:
     response_id = f"resp_{new_id()}"
     try:
         # The body first, whatever comes next: a client still sending cannot read a reply.
-        body, size = await _read_body(request, settings.max_frame_bytes)
+        body, size = await read_body(request, settings.max_frame_bytes)
         principal = await _principal(gw, request)
         if size > settings.max_frame_bytes:
             raise InvalidParameter(
@@ -183,7 +178,7 @@ async def create_response(request: Request) -> Response:
         await _give_back(store, claimed, response_id)
         reply = _reply_for(exc)
         gw.metrics.errors.labels(str(reply.body["error"]["code"])).inc()
-        return _error_response(reply)
+        return error_response(reply)
     except BaseException:
         await _give_back(store, claimed, response_id)
         raise
@@ -283,5 +278,5 @@ async def response_item(request: Request) -> Response:
         else:
             body = record.response
     except FirstTokenError as exc:
-        return _error_response(_reply_for(exc))
+        return error_response(_reply_for(exc))
     return Response(orjson.dumps(body), media_type="application/json")

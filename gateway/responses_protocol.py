@@ -18,15 +18,14 @@ from typing import Any
 import orjson
 from pydantic import Field, ValidationError
 
-from gateway.openai_protocol import (
-    ErrorReply,
+from gateway.openai_protocol import ErrorReply, extras
+from gateway.openai_request import (
     InvalidParameter,
-    _describe,
-    _messages,
-    _names,
-    _Strict,
-    extras,
+    Strict,
+    describe,
+    names,
     parse_json_object,
+    parse_messages,
 )
 from shared.protocol import ChatFrame, Message
 from shared.tags import MetadataField, UserField
@@ -84,13 +83,13 @@ class UnknownResponse(InvalidParameter):
     """No stored response by this id for this tenant: 404 (another tenant's reads the same)."""
 
 
-class FirstTokenOptions(_Strict):
+class FirstTokenOptions(Strict):
     """firsttoken's own request fields (an SDK sends them with `extra_body`)."""
 
     cache: bool = True
 
 
-class ResponsesRequest(_Strict):
+class ResponsesRequest(Strict):
     model: str = Field(min_length=1, max_length=128)
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -164,7 +163,7 @@ def input_messages(value: str | list[dict[str, Any]]) -> list[Message]:
                 "message items only (no tools, no reasoning items)",
                 f"input[{i}].type",
             )
-    return _messages(value, name="input", fields=_ITEM_FIELDS, content=_text)
+    return parse_messages(value, name="input", fields=_ITEM_FIELDS, content=_text)
 
 
 def parse_responses_request(body: bytes, *, max_bytes: int, max_messages: int) -> ParsedResponses:
@@ -179,7 +178,7 @@ def parse_responses_request(body: bytes, *, max_bytes: int, max_messages: int) -
     ]
     if unsupported:
         raise InvalidParameter(
-            f"unsupported parameter(s): {_names(unsupported)}; firsttoken does not serve them",
+            f"unsupported parameter(s): {names(unsupported)}; firsttoken does not serve them",
             sorted(unsupported)[0],
         )
     known = ResponsesRequest.model_fields
@@ -187,7 +186,7 @@ def parse_responses_request(body: bytes, *, max_bytes: int, max_messages: int) -
         k for k in data if k not in known and k not in UNSUPPORTED_PARAMETERS | NOOP_PARAMETERS
     ]
     if unknown:
-        raise InvalidParameter(f"unknown parameter(s): {_names(unknown)}", sorted(unknown)[0])
+        raise InvalidParameter(f"unknown parameter(s): {names(unknown)}", sorted(unknown)[0])
     fields = {k: v for k, v in data.items() if k in known}
     raw_input = fields.get("input")
     if isinstance(raw_input, list) and len(raw_input) > max_messages:
@@ -197,7 +196,7 @@ def parse_responses_request(body: bytes, *, max_bytes: int, max_messages: int) -
     try:
         req = ResponsesRequest.model_validate(fields)
     except ValidationError as exc:
-        message, param = _describe(exc)
+        message, param = describe(exc)
         raise InvalidParameter(f"invalid request: {message}", param) from None
     store = True if req.store is None else req.store
     if req.previous_response_id is not None and not store:
@@ -245,7 +244,7 @@ def chat_frame(
             tags=parsed.metadata,
         )
     except ValidationError as exc:
-        message, param = _describe(exc)
+        message, param = describe(exc)
         raise InvalidParameter(f"invalid request: {message}", param) from None
 
 

@@ -10,7 +10,8 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from gateway.openai_protocol import InvalidParameter, error_reply
+from gateway.openai_protocol import error_reply
+from gateway.openai_request import InvalidParameter
 from gateway.responses_protocol import (
     EventEncoder,
     ResponseHead,
