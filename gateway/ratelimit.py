@@ -27,9 +27,9 @@ from typing import Any
 from gateway.rates import WINDOW_MS, Limits
 from shared.errors import Overloaded, RateLimited, Unauthorized
 from shared.keys import Keys
-from shared.logs import OutageLog
 from shared.redis import scripts
-from shared.redis.client import REDIS_RETRY_AFTER_MS, UNREACHABLE
+from shared.redis.client import REDIS_RETRY_AFTER_MS
+from shared.redis.periodic import every
 from shared.redis.pipe import RedisPipe
 
 log = logging.getLogger(__name__)
@@ -206,13 +206,4 @@ class RateLimiter:
 
     async def _renew_loop(self) -> None:
         # Three renewals per lease: one lost to a Redis blip does not expire a live stream.
-        outage = OutageLog(log, "stream lease renewal")
-        while True:
-            await asyncio.sleep(self._lease_ms / 3000)
-            try:
-                await self.renew()
-                outage.ok()
-            except UNREACHABLE as exc:
-                outage.failed(exc)
-            except Exception:
-                log.warning("could not renew stream leases", exc_info=True)
+        await every(self._lease_ms / 3000, self.renew, log, "stream lease renewal")

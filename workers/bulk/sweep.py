@@ -9,15 +9,13 @@ workers do not both send them; if one's task is lost too, the next sweep sends t
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import Any
 
 from shared.keys import BULK_QUEUE, Keys
-from shared.logs import OutageLog
 from shared.redis import scripts
-from shared.redis.client import UNREACHABLE
+from shared.redis.periodic import every
 from shared.redis.pipe import RedisPipe
 from shared.usage_outbox import CLAIM_ROWS, MAX_BACKLOG
 from workers.chat.usage import usage_batch_message
@@ -40,16 +38,7 @@ class UsageSweeper:
         self.sent = 0  # rows sent on, for the logs and tests
 
     async def run(self) -> None:
-        outage = OutageLog(log, "usage sweep")
-        while True:
-            await asyncio.sleep(SWEEP_INTERVAL_S)
-            try:
-                await self.sweep()
-                outage.ok()
-            except UNREACHABLE as exc:  # Redis down: the next sweep tries again
-                outage.failed(exc)
-            except Exception:
-                log.warning("usage sweep failed", exc_info=True)
+        await every(SWEEP_INTERVAL_S, self.sweep, log, "usage sweep")
 
     async def sweep(self) -> int:
         """Queue every row past its due time; returns how many were queued."""

@@ -21,9 +21,8 @@ from typing import Protocol
 import redis.asyncio as aioredis
 
 from shared.keys import CHAT_QUEUE, Keys
-from shared.logs import OutageLog
 from shared.redis import scripts
-from shared.redis.client import UNREACHABLE
+from shared.redis.periodic import every
 from shared.redis.pipe import RedisPipe
 from shared.settings import Settings
 from shared.tasks import ChatJob
@@ -125,18 +124,7 @@ class LeaseKeeper:
         interval = self._ctx.settings.worker_heartbeat_s / 2
         # Nobody can have claimed a chat of a worker that is only starting.
         self._leases.move_fence(time.monotonic() + self._ctx.settings.worker_lost_s)
-        outage = OutageLog(log, "failover check")
-        while True:
-            try:
-                await self.tick()
-                outage.ok()
-            except asyncio.CancelledError:
-                raise
-            except UNREACHABLE as exc:  # Redis down: the next tick tries again
-                outage.failed(exc)
-            except Exception:
-                log.warning("failover check failed", exc_info=True)
-            await asyncio.sleep(interval)
+        await every(interval, self.tick, log, "failover check", at_once=True)
 
     async def tick(self) -> None:
         ctx, settings = self._ctx, self._ctx.settings

@@ -23,9 +23,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from shared.keys import Keys
-from shared.logs import OutageLog
 from shared.redis import scripts
-from shared.redis.client import UNREACHABLE
+from shared.redis.periodic import every
 from shared.redis.pipe import RedisPipe
 
 log = logging.getLogger(__name__)
@@ -66,16 +65,7 @@ class GatewayWatch:
         self.aborted = 0
 
     async def run(self) -> None:
-        outage = OutageLog(log, "gateway liveness check")
-        while True:
-            await asyncio.sleep(CHECK_INTERVAL_S)
-            try:
-                await self.check()
-                outage.ok()
-            except UNREACHABLE as exc:  # Redis down: the next check tries again
-                outage.failed(exc)
-            except Exception:
-                log.warning("gateway liveness check failed", exc_info=True)
+        await every(CHECK_INTERVAL_S, self.check, log, "gateway liveness check")
 
     async def check(self) -> list[str]:
         """Cancel the running chats no live gateway follows; returns their job ids."""
