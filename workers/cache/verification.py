@@ -14,8 +14,10 @@ how and why); one the tenant's limits refuse is skipped, as is a sample that fin
 busy, and both are counted per tenant (`firsttoken cache report`). The sample rate, the
 concurrency cap and the tenant's own limits bound what verification costs.
 
-Gap: the engine request has no priority of its own (it competes with the chats' requests
-as an equal once sent).
+With ``cache_verify_priority`` set, the engine calls carry that vLLM request priority, so a
+vLLM scheduling by priority runs the chats' requests (priority 0) ahead of them; unset (the
+default, for an engine that schedules first come, first served), they compete as equals once
+sent.
 """
 
 from __future__ import annotations
@@ -209,6 +211,7 @@ class OnlineVerifier:
             model=spec.engine_model,
             max_tokens=max_tokens,
             temperature=temperature,
+            priority=self.settings.cache_verify_priority,  # behind the chats, where set
         )
         parts: list[str] = []
         last = None
