@@ -19,8 +19,8 @@ The mechanism, and why:
   sample, and another will come. It is counted (``skipped_limit``, `firsttoken cache report`).
   A tenant at its limit therefore gets no verification while it is there, and a verification
   can only take room in the window that is free when it starts. That room is then the
-  tenant's chats' no longer: at most one request per sampled hit (two with the LLM judge),
-  ``cache_verify_rate`` of its semantic hits.
+  tenant's chats' no longer: one request per sampled hit (``cache_verify_rate`` of its
+  semantic hits), and with the LLM judge one more per verdict, a near miss's included.
 - **Settled, then billed.** Once answered, the reservation is set to the tokens the engine
   counted (rate_settle.lua), as a chat's is, and one usage row goes to the bulk pool: door
   ``verify`` (route ``verify``, or ``verify-judge`` for the judge's question), no cache tier (it
