@@ -126,12 +126,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
         print(json.dumps(rows))
         return 0
     cols = ("tenant", "lookups", "exact", "semantic", "miss", "verified", "disagree",
-            "undecided", "est. wrong", "95% bound", "threshold")  # fmt: skip
+            "undecided", "skipped", "est. wrong", "95% bound", "threshold")  # fmt: skip
     print(" ".join(f"{c:>10}" for c in cols))
     for r in rows:
         published = r["threshold"] is not None  # else no worker refreshed it yet
         cells = [r["tenant"], r["lookups"], r["exact"], r["semantic"], r["miss"], r["verified"],
-                 r["disagreed"], r["undecided"],
+                 r["disagreed"], r["undecided"], r["skipped"],
                  f"{r['estimated'] * 100:.2f}%" if published else "-",
                  f"{r['bound'] * 100:.2f}%" if published else "-",
                  f"{r['threshold']:.2f}" if published else "-"]  # fmt: skip
@@ -173,7 +173,8 @@ def add_parsers(actions: Any) -> None:
         "report",
         help="Per tenant: lookups, hits by tier, verifications, the wrong-serve estimate.",
         description="Read the cache's per-tenant counters and verdicts from Redis and print, per "
-        "tenant, lookups, hits by tier, verified lookups, disagreements, the estimated "
+        "tenant, lookups, hits by tier, verified lookups, disagreements, verifications "
+        "skipped (every slot busy, or refused by the tenant's rate limits), the estimated "
         "wrong-serve rate with its 95%% upper bound, and the threshold in force.",
     )
     p.add_argument("--format", choices=["table", "json"], default="table")

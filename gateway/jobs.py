@@ -247,6 +247,8 @@ class JobOwner:
                 user=frame.user,
                 tags=frame.tags,
                 door=self.door,
+                tenant_rpm=limits.tenant_rpm,
+                tenant_tpm=limits.tenant_tpm,
                 received_at=received,
                 enqueued_at=enqueued,
                 deadline_at=job.deadline_at,

@@ -12,17 +12,15 @@ arithmetic here and integration tests check the script agrees with it.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-WINDOW_MS = 60_000
-
-# A rough, tokenizer-free estimate: ~4 characters per token for English text, plus the few
-# tokens a chat template adds around each message. Reservations only need to be in the right
-# ballpark: the worker's exact count replaces the estimate when the chat ends.
-CHARS_PER_TOKEN = 4
-TOKENS_PER_MESSAGE = 4
+# The window and the prompt estimate are shared with the chat worker, which charges the
+# cache's background verifications to the tenant's window (workers/cache/charge.py).
+from shared.ratewindow import CHARS_PER_TOKEN as CHARS_PER_TOKEN
+from shared.ratewindow import TOKENS_PER_MESSAGE as TOKENS_PER_MESSAGE
+from shared.ratewindow import WINDOW_MS as WINDOW_MS
+from shared.ratewindow import estimate_prompt_tokens as estimate_prompt_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,14 +49,6 @@ def resolve_limits(
         tenant_rpm=pick(tenant[0], defaults.tenant_rpm),
         tenant_tpm=pick(tenant[1], defaults.tenant_tpm),
     )
-
-
-def estimate_prompt_tokens(contents: Iterable[str]) -> int:
-    """Tokens a prompt of these message contents will take, rounded up."""
-    total = 0
-    for text in contents:
-        total += math.ceil(len(text) / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE
-    return total
 
 
 def reservation(prompt_estimate: int, max_tokens: int) -> int:

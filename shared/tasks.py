@@ -42,6 +42,11 @@ class ChatJob(BaseModel):
     user: str | None = None  # the client's end user and labels, for the usage row only
     tags: Tags | None = None
     door: str | None = None  # the door it came in by (websocket, openai, responses): for the row
+    # The tenant's limits as the gateway enforced them (0: none): the chat worker charges the
+    # cache's background verification of this chat's answer to the tenant's window with them
+    # (workers/cache/charge.py). None from an older gateway: the worker's defaults apply.
+    tenant_rpm: int | None = None
+    tenant_tpm: int | None = None
     received_at: float
     enqueued_at: float
     deadline_at: float  # unix seconds; a worker that finds the job later drops it

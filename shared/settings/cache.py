@@ -84,6 +84,12 @@ class CacheSettings(BaseModel):
     cache_verify_concurrency: int = Field(
         1, ge=1, le=64, description="Background verifications one worker process runs at once."
     )
+    cache_verify_priority: int | None = Field(
+        None,
+        description="vLLM request priority of the verification's engine calls (lower runs "
+        "earlier; the chats' requests have 0, so e.g. 10 lets every chat go first). Needs vLLM "
+        "started with --scheduling-policy priority, which refuses it otherwise. Unset: not sent.",
+    )
     cache_verifier: Literal["overlap", "none"] = Field(
         "overlap",
         description="How a cached question's similarity is judged: overlap (the cosine "

@@ -23,7 +23,7 @@ from shared.keys import Keys
 from shared.modeltable import ModelSpec, ModelTable, model_table
 from shared.protocol import Message
 from shared.settings import Settings
-from shared.tasks import ChatJob
+from shared.tasks import ChatJob, UsageRecord
 from workers.cache.stage import CacheStage
 from workers.cache.store import NewEntry, StoredAnswer
 from workers.engines.base import Engine
@@ -46,6 +46,16 @@ class StandInEmbedder:
 
 
 @dataclass
+class UsageRows:
+    """Where the worker's usage rows would go (its UsageBatcher): kept, to be read."""
+
+    rows: list[UsageRecord] = field(default_factory=list)
+
+    def add(self, usage: UsageRecord) -> None:
+        self.rows.append(usage)
+
+
+@dataclass
 class VerifierContext:
     """The part of WorkerContext that the cache stage and its verifier use."""
 
@@ -53,6 +63,7 @@ class VerifierContext:
     keys: Keys
     redis: aioredis.Redis
     engine: Engine | None = None  # every model's engine when given
+    usage: UsageRows = field(default_factory=UsageRows)
     _engines: dict[tuple[str, str], Engine] = field(default_factory=dict)
 
     @property
@@ -119,7 +130,8 @@ async def put_answer(stage: CacheStage, tenant: str, question: str, answer: str)
     return StoredAnswer(entry_id, answer, "sim", 5, len(answer.split()))
 
 
-def chat_job(tenant: str, question: str) -> ChatJob:
+def chat_job(tenant: str, question: str, **fields: Any) -> ChatJob:
+    """A chat job as the gateway enqueues one; ``fields`` override (tenant_rpm=..., ...)."""
     return ChatJob(
         job_id=uuid.uuid4().hex,
         chat_id="c",
@@ -127,6 +139,7 @@ def chat_job(tenant: str, question: str) -> ChatJob:
         key_id="k",
         messages=[Message(role="user", content=question)],
         max_tokens=16,
+        **fields,
         received_at=time.time(),
         enqueued_at=time.time(),
         deadline_at=time.time() + 60,

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import websockets
 
+from firsttoken.keyscli import create_key
+from shared.settings import Settings
 from tests.integration.conftest import Client, Services, Stack, _migrate_and_key, make_stack
+from tests.integration.test_stack import _usage
 
 pytestmark = pytest.mark.integration
 
@@ -402,3 +406,56 @@ async def test_a_semantic_hit_is_verified_in_the_background_after_its_answer(
         # the verification.
         assert s.sim_metric("firsttoken_sim_requests_started_total") == started + 2
         await client.ws.close()
+
+
+async def test_a_verification_is_billed_and_one_over_the_tenants_limits_is_skipped(
+    services: Services, migrated: str, tmp_path: Any
+) -> None:
+    """Verification spends the tenant's rate limits and is billed (issue 45), through the
+    whole stack: the default tenant's sampled hit is asked of the engine again and its usage
+    row, door `verify`, reaches PostgreSQL through the bulk worker; a tenant allowed 2
+    requests a minute has spent them on its two chats, so its hit's verification is skipped,
+    counted, and never reaches the engine."""
+    settings = Settings(database_url=services.database_url)
+    limited = await create_key(settings, f"t-{uuid.uuid4().hex[:6]}", tenant_rpm=2)
+    with make_stack(
+        services,
+        migrated,
+        tmp_path,
+        workers=1,
+        bulk=True,
+        sim_args=("--ttft-ms", "200", "--itl-ms", "5", "--max-tokens", "16"),
+        cache_verify_rate="1.0",
+    ) as s:
+        s.wait_ready()
+        client = await _client(s, limited.key)
+        await _stored(client, "How do I reset my password?", "b", s)
+        started = s.sim_metric("firsttoken_sim_requests_started_total")
+        _, done = await _ask(client, "b-hit", "How can I reset my password?")
+        assert done["cached"] is True, done
+        stats = f"{s.prefix}:cache:stats:{limited.tenant_id}"
+        with s.redis() as r:
+            deadline = time.monotonic() + 15
+            while not r.hget(stats, "skipped_limit") and time.monotonic() < deadline:  # noqa: ASYNC110 - the worker writes it
+                await asyncio.sleep(0.1)
+            assert r.hget(stats, "skipped_limit") == "1", r.hgetall(stats)
+            assert not r.hget(stats, "verified")
+        # Only the request the hit raced (aborted once the hit was found): no verification.
+        assert s.sim_metric("firsttoken_sim_requests_started_total") == started + 1
+        await client.ws.close()
+
+        client = await _client(s)
+        await _stored(client, "How do I reset my password?", "a", s)
+        await client.chat("a-hit", "How can I reset my password?")
+        job_id = (await client.next_for("a-hit"))["job_id"]
+        _, done = await client.until_end("a-hit")
+        assert done["cached"] is True, done
+        rows = await _usage(services.database_url, f"{job_id}-reask", timeout=30)
+        (served,) = await _usage(services.database_url, job_id)
+        await client.ws.close()
+    (row,) = rows
+    assert (row.door, row.route, row.status) == ("verify", "verify", "ok")
+    assert row.tenant_id == served.tenant_id and row.key_id == served.key_id
+    assert row.prompt_tokens > 0 and row.completion_tokens > 0
+    assert row.cache_tier is None and not row.cached
+    assert (served.cached, served.cache_tier, served.door) == (True, "semantic", "websocket")

@@ -8,11 +8,21 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from tests.integration.cacheverify import chat_job, put_answer, stats, verifying_stage
+from gateway.ratelimit import RateLimiter
+from gateway.rates import Limits
+from shared.redis.pipe import RedisPipe
+from shared.tasks import ChatJob, UsageRecord
+from tests.integration.cacheverify import (
+    UsageRows,
+    chat_job,
+    put_answer,
+    stats,
+    verifying_stage,
+)
 from tests.integration.conftest import Services
 from tests.support import ROOT
 from workers.cache.online import parse_yes_no, threshold_in_force
@@ -119,12 +129,12 @@ async def test_cache_report_shows_each_tenants_counters_estimate_and_threshold(
     header, *lines = table
     assert header.split() == [
         "tenant", "lookups", "exact", "semantic", "miss", "verified", "disagree",
-        "undecided", "est.", "wrong", "95%", "bound", "threshold",
+        "undecided", "skipped", "est.", "wrong", "95%", "bound", "threshold",
     ]  # fmt: skip
     cells = {line.split()[0]: line.split() for line in lines}
-    assert cells["acme"] == ["acme", "20", "5", "3", "12", "501", "1", "1", "0.20%",
+    assert cells["acme"] == ["acme", "20", "5", "3", "12", "501", "1", "1", "0", "0.20%",
                              f"{acme['bound'] * 100:.2f}%", "0.94"]  # fmt: skip
-    assert cells["beta"] == ["beta", "2", "0", "0", "2", "0", "0", "0", "-", "-", "-"]
+    assert cells["beta"] == ["beta", "2", "0", "0", "2", "0", "0", "0", "0", "-", "-", "-"]
     assert cells["gamma"][-3:] == ["0.00%", "100.00%", "1.00"]
 
 
@@ -201,3 +211,149 @@ async def test_the_llm_judges_yes_or_no_is_a_verdict_in_redis(
     assert got["verified"] == "1" and got.get("disagreed", "0") == ("0" if agree else "1"), got
     assert "undecided" not in got
     assert kept is agree  # a served answer judged wrong is dropped
+
+
+# --- what verification costs the tenant (workers/cache/charge.py) ---------------------------
+
+
+async def _admit_chat(stage: CacheStage, job: ChatJob, tokens: int) -> None:
+    """The chat's own admission, as the gateway makes it (its limiter, the same script)."""
+    pipe = RedisPipe(stage.settings.redis_url)
+    await pipe.start()
+    try:
+        limits = Limits(tenant_rpm=job.tenant_rpm or 0, tenant_tpm=job.tenant_tpm or 0)
+        limiter = RateLimiter(pipe, stage.store.keys, lease_s=60)
+        await limiter.admit(
+            job_id=job.job_id,
+            key_id=job.key_id,
+            tenant_id=job.tenant_id,
+            limits=limits,
+            tokens=tokens,
+            prompt_estimate=tokens - job.max_tokens,
+        )
+    finally:
+        await pipe.close()
+
+
+def _rows(stage: CacheStage) -> list[UsageRecord]:
+    return cast(UsageRows, cast(Any, stage.online.ctx).usage).rows
+
+
+async def test_each_engine_call_of_a_verification_is_charged_to_the_tenant_and_billed(
+    services: Services,
+) -> None:
+    """The re-ask and the LLM judge's question each take one request of the tenant's window,
+    settled to the tokens the engine counted, and each writes a usage row, door `verify`;
+    the key's own window and stream slots are not touched."""
+    engine = JudgedEngine("Yes.")
+    async with verifying_stage(
+        services.redis_url, engine=engine, cache_verify_judge="llm"
+    ) as stage:
+        hit = await put_answer(stage, "t", "How do I reset my password?", CACHED)
+        job = chat_job("t", "How can I reset my password?", tenant_rpm=10, tenant_tpm=10_000)
+        stage.online.hit(job, "sim", hit, 0.98)
+        stage.online.replayed(job)
+        await _settle(stage)
+        redis: Any = stage.store.redis
+        keys = stage.store.keys
+        window = await redis.zrange(keys.rate_window("tenant", "t"), 0, -1)
+        tokens = await redis.hgetall(keys.rate_tokens("tenant", "t"))
+        key_side = await redis.exists(
+            keys.rate_window("key", "k"), keys.rate_tokens("key", "k"), keys.key_streams("k")
+        )
+        rows = _rows(stage)
+        got = await stats(stage, "t")
+    assert got["verified"] == "1", got
+    reask, judge = sorted(rows, key=lambda r: r.route)
+    assert (reask.request_id, reask.route, reask.door) == (
+        f"{job.job_id}-reask",
+        "verify",
+        "verify",
+    )
+    assert (judge.request_id, judge.route, judge.door) == (
+        f"{job.job_id}-judge",
+        "verify-judge",
+        "verify",
+    )
+    assert reask.tenant_id == judge.tenant_id == "t" and reask.key_id == "k"
+    assert reask.prompt_tokens > 0 and reask.completion_tokens > 0 and reask.status == "ok"
+    # The engine's count: the simulator's reply to the re-ask, the judge's scripted "Yes.".
+    (_, fresh), _ = engine.calls
+    assert fresh and judge.prompt_tokens > 0
+    assert sorted(window) == sorted([reask.request_id, judge.request_id])
+    # The re-ask keeps what the simulator counted; the scripted verdict counts nothing, so
+    # the judge's question keeps its whole reservation (prompt estimate + 3 tokens).
+    charged = {
+        reask.request_id: reask.prompt_tokens + reask.completion_tokens,
+        judge.request_id: judge.prompt_tokens + 3,
+    }
+    assert {k: int(v) for k, v in tokens.items() if k != "=sum"} == charged
+    assert int(tokens["=sum"]) == sum(charged.values())
+    assert key_side == 0
+
+
+@pytest.mark.parametrize(
+    ("limits", "reason"),
+    [({"tenant_rpm": 1}, "requests"), ({"tenant_tpm": 40}, "tokens")],
+)
+async def test_a_verification_the_tenants_limits_refuse_is_skipped_and_counted(
+    services: Services, limits: dict[str, int], reason: str
+) -> None:
+    """The tenant's window holds its chat (1 request of 1 a minute; 27 tokens of 40, where the
+    re-ask needs 27 more): the sampled hit's verification is not sent, not billed, and is
+    counted as skipped in `firsttoken cache report`."""
+    engine = JudgedEngine("Yes.")
+    async with verifying_stage(services.redis_url, engine=engine) as stage:
+        hit = await put_answer(stage, "t", "How do I reset my password?", CACHED)
+        job = chat_job("t", "How can I reset my password?", **limits)
+        await _admit_chat(stage, job, tokens=27)
+        stage.online.hit(job, "sim", hit, 0.98)
+        stage.online.replayed(job)
+        await _settle(stage)
+        got = await stats(stage, "t")
+        rows = _rows(stage)
+        (report,) = json.loads(_report(stage, "json"))
+    assert engine.calls == [] and rows == [], reason
+    assert (got["skipped"], got["skipped_limit"]) == ("1", "1"), got
+    assert "verified" not in got
+    assert (report["skipped"], report["skipped_limit"], report["skipped_busy"]) == (1, 1, 0)
+
+
+async def test_a_judges_question_the_limits_refuse_leaves_no_verdict(services: Services) -> None:
+    """The re-ask takes the tenant's one request a minute; the LLM judge's question is then
+    refused: skipped, no verdict (undecided), the entry kept, one row (the re-ask's)."""
+    engine = JudgedEngine("No.")
+    async with verifying_stage(
+        services.redis_url, engine=engine, cache_verify_judge="llm"
+    ) as stage:
+        hit = await put_answer(stage, "t", "How do I reset my password?", CACHED)
+        job = chat_job("t", "How can I reset my password?", tenant_rpm=1)
+        stage.online.hit(job, "sim", hit, 0.98)
+        stage.online.replayed(job)
+        await _settle(stage)
+        got = await stats(stage, "t")
+        rows = _rows(stage)
+        redis: Any = stage.store.redis
+        kept = bool(await redis.exists(stage.store.keys.cache_entry(hit.entry_id)))
+    assert len(engine.calls) == 1 and [r.route for r in rows] == ["verify"]
+    assert (got["skipped_limit"], got["undecided"]) == ("1", "1") and "verified" not in got
+    assert kept
+
+
+async def test_a_sample_that_finds_every_slot_busy_is_skipped_and_counted(
+    services: Services,
+) -> None:
+    """One verification at a time: a second sampled hit replayed while the first is still
+    with the engine is counted as skipped (busy), never queued."""
+    engine = JudgedEngine()
+    async with verifying_stage(services.redis_url, engine=engine) as stage:
+        hit = await put_answer(stage, "t", "How do I reset my password?", CACHED)
+        jobs = [chat_job("t", "How can I reset my password?") for _ in range(2)]
+        for job in jobs:
+            stage.online.hit(job, "sim", hit, 0.98)
+        for job in jobs:
+            stage.online.replayed(job)
+        await _settle(stage)
+        got = await stats(stage, "t")
+    assert len(engine.calls) == 1
+    assert (got["skipped"], got["skipped_busy"]) == ("1", "1") and "skipped_limit" not in got

@@ -226,6 +226,7 @@ class CacheStage:
 
     def remember(
         self,
+        job: ChatJob,
         lookup: Lookup,
         *,
         model: str,
@@ -240,7 +241,7 @@ class CacheStage:
         candidate is compared with it."""
         if lookup.near is not None and lookup.query is not None and status == "ok" and answer:
             self.online.near_miss(
-                lookup.query.tenant,
+                job,
                 lookup.query.raw_question,
                 lookup.near,
                 lookup.near_score,

@@ -12,6 +12,7 @@ from shared.settings import Settings
 from workers.cache.online import Estimate, Verdicts, bucket_of, estimate
 
 TIERS = ("exact", "semantic", "miss")
+SKIPPED = ("busy", "limit")  # why a sampled verification was not made
 
 
 class VerdictStore:
@@ -50,6 +51,16 @@ class VerdictStore:
             pipe.sadd(self.keys.cache_stats_tenants, tenant)
             await pipe.execute()
 
+    async def count_skipped(self, tenant: str, reason: str) -> None:
+        """A sampled verification not made: ``busy`` (every slot taken) or ``limit`` (the
+        tenant's rate limits refused its engine call)."""
+        stats = self.keys.cache_stats(tenant)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hincrby(stats, "skipped", 1)
+            pipe.hincrby(stats, f"skipped_{reason}", 1)
+            pipe.sadd(self.keys.cache_stats_tenants, tenant)
+            await pipe.execute()
+
     async def read(self, tenant: str) -> Verdicts:
         return parse_verdicts(await self.redis.hgetall(self.keys.cache_verdicts(tenant)))
 
@@ -74,8 +85,8 @@ def parse_verdicts(raw: dict[Any, Any]) -> Verdicts:
 
 async def read_report(settings: Settings) -> list[dict[str, Any]]:
     """Per tenant with counters: lookups, hits by tier, verified, disagreed, undecided (the
-    judge gave no verdict), and the estimate
-    at the threshold in force (as its workers last published it)."""
+    judge gave no verdict), skipped (by reason: every slot busy, the tenant's limits), and the
+    estimate at the threshold in force (as its workers last published it)."""
     keys = Keys(settings.redis_prefix)
     redis = aioredis.from_url(settings.redis_url, decode_responses=True)
     try:
@@ -96,6 +107,8 @@ async def read_report(settings: Settings) -> list[dict[str, Any]]:
                     "near_misses": int(stats.get("near_misses", 0)),
                     "disagreed": int(stats.get("disagreed", 0)),
                     "undecided": int(stats.get("undecided", 0)),
+                    "skipped": int(stats.get("skipped", 0)),
+                    **{f"skipped_{r}": int(stats.get(f"skipped_{r}", 0)) for r in SKIPPED},
                     "threshold": threshold,
                     "estimated": float(stats.get("estimated", est.rate)) if est else None,
                     "bound": float(stats.get("bound", est.upper)) if est else None,

@@ -8,9 +8,16 @@ verification never queues up behind a busy engine. A near miss's candidate is co
 answer the engine gave anyway. Verdicts go to Redis per tenant (workers/cache/verdicts.py); the
 threshold in force per tenant is re-read every ``cache_verify_refresh_s``.
 
-Gaps: the verification request is an ordinary engine request (the engine interface has no
-priority), and it is neither counted by the gateway's rate limits nor billed to the tenant's
-budget; the sample rate and the concurrency cap are what bound its cost.
+Each engine call a verification makes (the re-ask, the LLM judge's question) is charged to the
+tenant's rate limits before it is sent and billed once answered (workers/cache/charge.py says
+how and why); one the tenant's limits refuse is skipped, as is a sample that finds every slot
+busy, and both are counted per tenant (`firsttoken cache report`). The sample rate, the
+concurrency cap and the tenant's own limits bound what verification costs.
+
+With ``cache_verify_priority`` set, the engine calls carry that vLLM request priority, so a
+vLLM scheduling by priority runs the chats' requests (priority 0) ahead of them; unset (the
+default, for an engine that schedules first come, first served), they compete as equals once
+sent.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import numpy as np
 from shared.metrics import recorder
 from shared.protocol import Message
 from shared.tasks import ChatJob
+from workers.cache.charge import Answered, Call, Charges, charged, request_id, reservation
 from workers.cache.index import Vector
 from workers.cache.online import Rule, agrees, parse_score, parse_yes_no, threshold_in_force
 from workers.cache.policy import Policy
@@ -68,6 +76,7 @@ class OnlineVerifier:
             s.cache_threshold is None and s.cache_verify_rate > 0 and stage.embedder is not None
         )
         self.store = VerdictStore(ctx.redis, ctx.keys)
+        self.charges = Charges(ctx)
         base = stage.policy.threshold
         self.rule = Rule(
             max_error_rate=s.cache_max_error_rate,
@@ -137,31 +146,64 @@ class OnlineVerifier:
         if sampled is None:
             return
         if self._busy >= self.settings.cache_verify_concurrency:
-            return  # skipped, not queued: verification never backs up behind the engine
+            # Skipped, not queued: verification never backs up behind the engine.
+            self.stage.background(self.store.count_skipped(job.tenant_id, "busy"))
+            return
         self._busy += 1
         self.stage.background(self._verify(job, *sampled))
 
     def near_miss(
-        self, tenant: str, question: str, near: StoredAnswer, score: float, answer: str
+        self, job: ChatJob, question: str, near: StoredAnswer, score: float, answer: str
     ) -> None:
         if self.enabled:
-            self.stage.background(self._compare(tenant, question, near, score, answer, True))
+            self.stage.background(self._compare(job, question, near, score, answer, True))
 
     # --- verification -------------------------------------------------------------------
     async def _verify(self, job: ChatJob, model: str, hit: StoredAnswer, score: float) -> None:
         try:
             fresh = await asyncio.wait_for(
-                self._engine_text(job.messages, model, job.max_tokens, job.temperature),
+                self._ask(job, "reask", job.messages, model, job.max_tokens, job.temperature),
                 VERIFY_TIMEOUT_S,
             )
+            if fresh is None:
+                return  # the tenant's limits refused it (counted)
             question = job.messages[-1].content if job.messages else ""
-            await self._compare(job.tenant_id, question, hit, score, fresh, False)
+            await self._compare(job, question, hit, score, fresh, False)
         finally:
             self._busy -= 1
 
-    async def _engine_text(
-        self, messages: list[Message], model: str, max_tokens: int, temperature: float | None
-    ) -> str:
+    async def _ask(
+        self,
+        job: ChatJob,
+        call: Call,
+        messages: list[Message],
+        model: str,
+        max_tokens: int,
+        temperature: float | None,
+    ) -> str | None:
+        """One engine call of a verification, within the tenant's limits and billed; None when
+        the limits refused it (counted as skipped)."""
+        reserved = reservation(messages, max_tokens)
+        if not await self.charges.admit(job, call, reserved):
+            await self.store.count_skipped(job.tenant_id, "limit")
+            return None
+        started = time.time()
+        answered = await self._engine(messages, model, max_tokens, temperature, job, call)
+        await self.charges.settle(job, call, charged(answered, reserved))
+        self.charges.bill(
+            job, call, model, answered, prompt_estimate=reserved - max_tokens, started=started
+        )
+        return answered.text
+
+    async def _engine(
+        self,
+        messages: list[Message],
+        model: str,
+        max_tokens: int,
+        temperature: float | None,
+        job: ChatJob,
+        call: Call,
+    ) -> Answered:
         spec = self.ctx.models.get(model)
         engine = self.ctx.engine_for(spec)
         request = EngineRequest(
@@ -169,19 +211,36 @@ class OnlineVerifier:
             model=spec.engine_model,
             max_tokens=max_tokens,
             temperature=temperature,
+            priority=self.settings.cache_verify_priority,  # behind the chats, where set
         )
-        parts = []
-        async for delta in engine.stream(request, request_id=f"verify-{self._rng.getrandbits(62)}"):
+        parts: list[str] = []
+        last = None
+        async for delta in engine.stream(request, request_id=request_id(job, call)):
             parts.append(delta.text)
-        return "".join(parts)
+            last = delta
+        return Answered(
+            text="".join(parts),
+            finish_reason=(last.finish_reason if last else None) or "stop",
+            prompt_tokens=last.prompt_tokens if last else None,
+            completion_tokens=last.completion_tokens if last else None,
+            cached_prompt_tokens=last.cached_prompt_tokens if last else None,
+        )
 
     async def _compare(
-        self, tenant: str, question: str, cached: StoredAnswer, score: float, fresh: str, near: bool
+        self,
+        job: ChatJob,
+        question: str,
+        cached: StoredAnswer,
+        score: float,
+        fresh: str,
+        near: bool,
     ) -> None:
-        agree = await self._judge(question, cached.answer, fresh, cached.model)
+        tenant = job.tenant_id
+        agree = await self._judge(job, question, cached.answer, fresh, cached.model)
         if agree is None:
-            # No verdict (an LLM reply that is neither yes nor no, no score URL): counted, so
-            # that `firsttoken cache report` shows a judge that never decides.
+            # No verdict (an LLM reply that is neither yes nor no, no score URL, the judge's
+            # call refused by the tenant's limits): counted, so that `firsttoken cache report`
+            # shows a judge that never decides.
             await self.store.count_undecided(tenant)
             return
         await self.store.record(tenant, score, agree, near=near)
@@ -191,16 +250,18 @@ class OnlineVerifier:
             # entry may be right for its own question.)
             await self.stage.store.drop(tenant, cached.entry_id)
 
-    async def _judge(self, question: str, cached: str, fresh: str, model: str) -> bool | None:
+    async def _judge(
+        self, job: ChatJob, question: str, cached: str, fresh: str, model: str
+    ) -> bool | None:
         if cached.strip() == fresh.strip():
             return True
         kind = self.settings.cache_verify_judge
         if kind == "llm":
             prompt = LLM_JUDGE_PROMPT.format(question=question, a=cached, b=fresh)
-            reply = await self._engine_text(
-                [Message(role="user", content=prompt)], model or self.ctx.models.default, 3, 0.0
-            )
-            return parse_yes_no(reply)
+            messages = [Message(role="user", content=prompt)]
+            model = model or self.ctx.models.default
+            reply = await self._ask(job, "judge", messages, model, 3, 0.0)
+            return None if reply is None else parse_yes_no(reply)
         if kind == "score":
             return await self._score_judge(cached, fresh)
         vectors = await self.stage.embed([cached, fresh])

@@ -502,6 +502,7 @@ class ChatRun:
                 self.cache, self.lookup = lookup.result()
         if self.cache is not None:
             self.cache.remember(
+                self.job,
                 self.lookup,
                 model=self.model,
                 temperature=self.job.temperature,

@@ -22,6 +22,10 @@ class EngineRequest:
     # (a `traceparent` header; vLLM continues it). None while tracing is off.
     traceparent: str | None = None
     tracestate: str | None = None
+    # vLLM's request priority (lower runs earlier; 0 is every other request's), honoured by a
+    # server started with `--scheduling-policy priority` and refused by one without it. None:
+    # not sent. Only the cache's background verification sets it (cache_verify_priority).
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,6 +69,29 @@ _ADDRESS = re.compile(
 E = TypeVar("E", bound=EngineError)
 
 
+def request_body(request: EngineRequest) -> dict[str, Any]:
+    """The /chat/completions body of ``request``, streamed with usage."""
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+        "max_tokens": request.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if request.temperature is not None:  # unset, the server applies the model's default
+        body["temperature"] = request.temperature
+    # vLLM's extras are top-level body fields (the OpenAI SDK's `extra_body`).
+    if request.continue_final:
+        # The final assistant message is left open and continued, with no new turn started.
+        body["continue_final_message"] = True
+        body["add_generation_prompt"] = False
+    if request.priority is not None:
+        # Sent only when set: a vLLM without `--scheduling-policy priority` refuses any
+        # priority but 0 (HTTP 400).
+        body["priority"] = request.priority
+    return body
+
+
 class EngineUnavailable(EngineError):
     """The request never reached a model (refused, dropped before an answer, HTTP 502/503/504):
     worth another try before the first token."""
@@ -178,25 +201,11 @@ class OpenAIEngine:
 
     async def _send(self, request: EngineRequest) -> StreamedResponse:
         """POST the request; the open response once the server has answered 200."""
-        body: dict[str, Any] = {
-            "model": request.model,
-            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
-            "max_tokens": request.max_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        if request.temperature is not None:  # unset, the server applies the model's default
-            body["temperature"] = request.temperature
-        if request.continue_final:
-            # vLLM's chat extras (top-level body fields; the OpenAI SDK's `extra_body`): the
-            # final assistant message is left open and continued, with no new turn started.
-            body["continue_final_message"] = True
-            body["add_generation_prompt"] = False
         try:
             head = self._head
             if request.traceparent is not None:  # vLLM and the sim-server continue it
                 head += trace_header_lines(request)
-            response = await self._http.post(head, orjson.dumps(body))
+            response = await self._http.post(head, orjson.dumps(request_body(request)))
         except TimeoutError as exc:  # the connect deadline
             raise self._error(EngineError, "the engine timed out connecting", exc) from exc
         except OSError as exc:

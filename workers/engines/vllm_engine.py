@@ -71,12 +71,13 @@ class VLLMEngine:
         completion_tokens = 0
         try:
             sampling = self._sampling_params(**params)
-            if request.traceparent is None:
-                outputs = self._llm.generate(prompt, sampling, request_id)
-            else:  # vLLM continues the trace (its spans, with --otlp-traces-endpoint)
-                outputs = self._llm.generate(
-                    prompt, sampling, request_id, trace_headers=trace_headers(request)
-                )
+            extras: dict[str, Any] = {}
+            if request.traceparent is not None:
+                # vLLM continues the trace (its spans, with --otlp-traces-endpoint).
+                extras["trace_headers"] = trace_headers(request)
+            if request.priority is not None:  # needs scheduling_policy="priority"
+                extras["priority"] = request.priority
+            outputs = self._llm.generate(prompt, sampling, request_id, **extras)
             async with aclosing(outputs), aclosing(_until(outputs, waker)) as steps:
                 async for out in steps:
                     if out is None:
