@@ -80,7 +80,8 @@ async def test_every_client_follows_the_master_through_a_failover(group: Sentine
             if got:
                 break
             await asyncio.sleep(0.05)
-        assert got == ["after"]
+        # Each try publishes again: one sent before the first arrived may arrive as well.
+        assert got and set(got) == {"after"}, got
         assert await asyncio.to_thread(_broker_roundtrip, url, f"ftq{uuid.uuid4().hex[:6]}") == {
             "n": 1
         }
