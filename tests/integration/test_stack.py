@@ -391,7 +391,9 @@ async def test_usage_rows_record_the_cache_tier_of_a_miss_and_a_hit(
     hit = None
     for i in range(1, 30):  # the cache write is off the hot path: ask until it has landed
         await client.chat(f"tier-{i}", "which cache tier answered this question?")
-        job_id = (await client.next_for(f"tier-{i}"))["job_id"]
+        accepted = await client.next_for(f"tier-{i}")
+        assert "job_id" in accepted, accepted  # an error frame says why it was not taken
+        job_id = accepted["job_id"]
         _, done = await client.until_end(f"tier-{i}")
         if done["cached"]:
             hit = job_id
