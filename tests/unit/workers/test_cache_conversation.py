@@ -1,0 +1,127 @@
+"""A turn of a server-stored conversation is keyed on its history as a client-kept one is
+(workers/cache/conversation.py, issue 45)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.protocol import Message
+from workers.cache.conversation import stored_turn
+from workers.cache.evaluate import SET_NAMES, data_dir, load_set
+from workers.cache.policy import Policy, Query
+from workers.conversation import StoredMessage, WindowRules, select_window
+from workers.prompt.template import summary_line
+
+POLICY = Policy()
+
+
+def _m(role: str, content: str) -> Message:
+    return Message.model_validate({"role": role, "content": content})
+
+
+def _query(messages: list[Message], tenant: str = "t") -> Query:
+    return Query(
+        POLICY, tenant=tenant, model="m", embedder="e", messages=messages, max_tokens=64,
+        temperature=None,
+    )  # fmt: skip
+
+
+def _keys(q: Query) -> tuple[str, str, str, list[str]]:
+    return q.exact, q.partition, q.context, q.embed_texts
+
+
+SYSTEM = _m("system", "Be brief.")
+ORDER = [_m("user", "I ordered a blue jacket, order 48213."), _m("assistant", "Found 48213.")]
+OTHER = [_m("user", "I ordered running shoes, order 77120."), _m("assistant", "Found 77120.")]
+ASK = _m("user", "Can you cancel it?")
+
+
+def test_a_stored_turn_is_keyed_as_the_client_kept_turn_with_the_same_history() -> None:
+    stored = _query(stored_turn([SYSTEM, ASK], ORDER, None))
+    assert _keys(stored) == _keys(_query([SYSTEM, *ORDER, ASK]))
+    # The turn's own earlier messages, if the client sends some, come after the stored ones,
+    # as the prompt has them.
+    more = [_m("user", "And the hat?"), _m("assistant", "Also found.")]
+    assert _keys(_query(stored_turn([SYSTEM, *more, ASK], ORDER, None))) == _keys(
+        _query([SYSTEM, *ORDER, *more, ASK])
+    )
+
+
+def test_another_history_or_none_is_another_key() -> None:
+    stored = _query(stored_turn([ASK], ORDER, None))
+    for history in (OTHER, ORDER[:1], []):
+        other = _query(stored_turn([ASK], history, None))
+        assert other.partition != stored.partition and other.exact != stored.exact
+    assert _query(stored_turn([ASK], ORDER, None), tenant="u").exact != stored.exact
+
+
+def test_a_summary_is_keyed_in_place_of_the_turns_it_replaced() -> None:
+    window = ORDER
+    with_summary = _query(stored_turn([ASK], window, "The user is Ana, in Lisbon."))
+    assert with_summary.partition != _query(stored_turn([ASK], window, None)).partition
+    other_summary = _query(stored_turn([ASK], window, "The user is Bo, in Oslo."))
+    assert other_summary.partition != with_summary.partition
+    # The same summary and window: the same text reached the model, the same key.
+    again = _query(stored_turn([ASK], list(window), "The user is Ana, in Lisbon."))
+    assert _keys(again) == _keys(with_summary)
+    # The summary's line is the one the system message gives it.
+    assert summary_line("x") in [m.content for m in stored_turn([ASK], window, "x")]
+
+
+class _Words:
+    name = "words"
+
+    def count(self, text: str) -> int:
+        return len(text.split())
+
+    def at_most(self, text: str) -> int | None:
+        return None
+
+
+def test_past_the_window_only_what_is_sent_is_keyed() -> None:
+    """Two long conversations that differ only in turns the window no longer sends (and no
+    summary yet) send the model the same text: the same key. Differing in the window: not."""
+
+    def rows(first: str) -> list[StoredMessage]:
+        turns = [first] + [f"turn {i} " + "word " * 10 for i in range(1, 12)]
+        return [
+            StoredMessage(i, "user" if i % 2 == 0 else "assistant", text)
+            for i, text in enumerate(turns)
+        ]
+
+    rules = WindowRules(threshold_tokens=50, recent_messages=4)
+
+    def key(stored: list[StoredMessage], summary: str | None = None) -> str:
+        window = select_window(stored, summary, None, rules, _Words())
+        return _query(stored_turn([ASK], window.history, window.summary)).partition
+
+    a, b = rows("my order is 48213"), rows("my order is 77120")
+    assert key(a) == key(b)
+    changed = [*a[:-1], StoredMessage(a[-1].id, a[-1].role, "another last turn")]
+    assert key(changed) != key(a)
+    assert key(a, "order 48213") != key(a)
+
+
+def _data_sets() -> list[str]:
+    return list(SET_NAMES) if data_dir() is not None else []
+
+
+@pytest.mark.parametrize("name", _data_sets())
+def test_every_conversation_pair_keys_alike_kept_by_the_client_or_stored(name: str) -> None:
+    """The conversation sets measured through the stored path: each side's history stored,
+    its last message sent alone. Every key the judge reads is the client-kept one's, so
+    `firsttoken cache eval` measures both paths at once."""
+    data = data_dir()
+    assert data is not None
+    pairs = load_set(data, name).files["conversations.jsonl"]
+    assert pairs
+    histories = 0
+    for pair in pairs:
+        for messages in (pair.a, pair.b):
+            own = [m for m in messages if m.role == "system"] + [messages[-1]]
+            history = [m for m in messages[:-1] if m.role != "system"]
+            histories += bool(history)
+            stored = _query(stored_turn(own, history, None))
+            assert _keys(stored) == _keys(_query(messages))
+            assert stored.raw_question == _query(messages).raw_question
+    assert histories > len(pairs)  # the sets are about follow-ups
