@@ -9,7 +9,9 @@ taken the reader stops reading, so queued chats go to other worker processes.
 Nothing in front of the first token runs in series when it can run alongside: the cache
 lookup (an embedding) races retrieval, and when retrieval is done first the engine request
 starts while the lookup finishes. A hit then aborts the engine request (it has spent a little
-prefill); a miss has cost nothing.
+prefill); a miss has cost nothing. A turn of a server-stored conversation is the exception: its
+cache key holds the history retrieval reads (workers/cache/conversation.py), so its lookup starts
+once retrieval is done, and races the engine request from there.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from shared.tasks import ChatJob, TaskCall
 from workers import retrieval
 from workers.app import app
 from workers.cache import stage as cache_stage
+from workers.cache.conversation import stored_turn
 from workers.cache.policy import Query
 from workers.cache.stage import CacheStage, Lookup
 from workers.chat.coalesce import Coalescer
@@ -173,6 +176,10 @@ class ChatRun:
         self.generation: Generation | None = None
         self.cache: CacheStage | None = None
         self.lookup = Lookup(tier="off")
+        # The job as the cache keys it: a stored conversation's turn with its history
+        # (_cacheable_with_history); every other chat as it came.
+        self.cache_job = job
+        self._prepared: retrieval.Prepared | None = None
         self._helpers: list[asyncio.Future[Any]] = []
         self._task: asyncio.Task[Any] | None = None
         # Whether the client cancelled while the job was queued: read with the `started` chunk.
@@ -297,13 +304,17 @@ class ChatRun:
         if lookup is None:
             # Nothing to race: awaited in place (a task would cost two passes of the loop,
             # and with every source cached the stage does not wait at all).
-            prepared = await retrieval.prepare(self.ctx, self.job)
+            prepared = self._prepared = await retrieval.prepare(self.ctx, self.job)
+            if self._cacheable_with_history(prepared):
+                lookup = await self._lookup_with_history(prepared)
+                if lookup is None:
+                    return  # served from the cache
         else:
             prepare = self._spawn(retrieval.prepare(self.ctx, self.job))
             await asyncio.wait({lookup, prepare}, return_when=asyncio.FIRST_COMPLETED)
             if await self._served_from_cache(lookup):
                 return
-            prepared = await prepare
+            prepared = self._prepared = await prepare
             if await self._lookup_within_head_start(lookup):
                 return
         self.points["retrieval_done"] = time.time()
@@ -338,11 +349,43 @@ class ChatRun:
 
     # --- stages ---------------------------------------------------------------------------
     def _cacheable(self) -> bool:
-        # A turn of a stored conversation depends on history the cache key cannot see.
+        """Whether the lookup may start at once, alongside retrieval. A turn of a stored
+        conversation may not: its key holds the history retrieval reads
+        (`_cacheable_with_history`)."""
         job = self.job
         if self.takeover is not None:
             return False  # a takeover answers from the engine, and its answer is not stored
         return job.cache and not (job.conversation_id and not job.new_conversation)
+
+    def _cacheable_with_history(self, prepared: retrieval.Prepared) -> bool:
+        """A turn of a stored conversation whose history retrieval read (a window is chosen
+        only then): cacheable on that history. One whose history could not be read (its source
+        late or failing) is answered without it and is neither looked up nor stored."""
+        job = self.job
+        return (
+            self.takeover is None
+            and job.cache
+            and job.conversation_id is not None
+            and not job.new_conversation
+            and prepared.conversation_ok
+            and prepared.window is not None
+        )
+
+    async def _lookup_with_history(self, prepared: retrieval.Prepared) -> asyncio.Task[Any] | None:
+        """Start a stored conversation's lookup on its history, as the other chats' start at
+        once (an exact hit this process knows is awaited; else the lookup gets the head start
+        and then races the engine request); None when the chat was served from the cache."""
+        assert prepared.window is not None
+        window = prepared.window
+        messages = stored_turn(self.job.messages, window.history, window.summary)
+        self.cache_job = self.job.model_copy(update={"messages": messages})
+        query, known = self._exact_known()
+        lookup = self._spawn(self._lookup(query))
+        if known:
+            await asyncio.wait({lookup})
+        if await self._served_from_cache(lookup) or await self._lookup_within_head_start(lookup):
+            return None
+        return lookup
 
     async def _lookup_within_head_start(self, lookup: asyncio.Future[Any]) -> bool:
         """With FIRSTTOKEN_CACHE_HEAD_START_MS, give the lookup that long (from the chat's start)
@@ -359,12 +402,12 @@ class ChatRun:
         """The cache's view of this request (when the stage is up) and whether this process
         already knows an exact hit for it."""
         stage = cache_stage.current_stage(self.ctx)
-        query = stage.query(self.job, self.model) if stage is not None else None
+        query = stage.query(self.cache_job, self.model) if stage is not None else None
         return query, stage is not None and query is not None and stage.knows_exact(query)
 
     async def _lookup(self, query: Query | None) -> tuple[CacheStage | None, Lookup]:
         with tracing.span("cache lookup") as span:
-            result = await cache_stage.lookup(self.ctx, self.job, self.model, query)
+            result = await cache_stage.lookup(self.ctx, self.cache_job, self.model, query)
             span.set("firsttoken.cache.tier", result[1].tier)
         self.points["cache_decided"] = time.time()
         return result
@@ -381,6 +424,10 @@ class ChatRun:
         for helper in self._helpers:
             if helper is not lookup:
                 helper.cancel()
+        self.cache.replay(self.cache_job, self.publisher, hit, self.points)
+        conversation = None
+        if self.job.conversation_id is not None:
+            conversation = await self._keep_cached_turn(hit.answer, hit.model or self.model)
         outcome = Outcome(
             self.model,
             "stop",
@@ -388,12 +435,30 @@ class ChatRun:
             completion_tokens=hit.completion_tokens,
             answer=hit.answer,
             cached=True,
+            conversation_id=conversation,
             cache_tier=self.lookup.tier,
         )
-        self.cache.replay(self.job, self.publisher, hit, self.points)
         usage: Usage = {"prompt_tokens": 0, "completion_tokens": hit.completion_tokens}
-        self._end(outcome, self._done(cached=True, finish_reason="stop", usage=usage))
+        extras = {} if conversation is None else {"conversation_id": conversation}
+        self._end(outcome, self._done(True, "stop", usage, extras))
         return True
+
+    async def _keep_cached_turn(self, answer: str, model: str) -> str | None:
+        """A conversation's turn answered from the cache is still its turn: written before
+        `done` as an engine's answer is (the next turn reads it), and named in `done`. Returns
+        the conversation, or None when it was not verified (not written, as for any answer)."""
+        job, prepared = self.job, self._prepared
+        assert job.conversation_id is not None
+        if prepared is not None:
+            if not prepared.conversation_ok:
+                return None
+            await retrieval.after_answer(self.ctx, job, prepared, answer, model)
+        elif job.new_conversation:
+            # Served before retrieval ran: the gateway minted the id for this tenant.
+            await retrieval.store_turn(self.ctx, job, job.conversation_id, answer, model)
+        else:
+            return None
+        return job.conversation_id
 
     async def _generate(
         self, first_ready: asyncio.Event | None = None, go: asyncio.Event | None = None
@@ -502,7 +567,7 @@ class ChatRun:
                 self.cache, self.lookup = lookup.result()
         if self.cache is not None:
             self.cache.remember(
-                self.job,
+                self.cache_job,
                 self.lookup,
                 model=self.model,
                 temperature=self.job.temperature,

@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 
 from shared.protocol import Message
+from shared.tasks import ChatJob
 from workers.cache.conversation import stored_turn
 from workers.cache.evaluate import SET_NAMES, data_dir, load_set
 from workers.cache.policy import Policy, Query
+from workers.chat.run import ChatRun
+from workers.chat.takeover import Takeover
 from workers.conversation import StoredMessage, WindowRules, select_window
 from workers.prompt.template import summary_line
 
@@ -125,3 +128,34 @@ def test_every_conversation_pair_keys_alike_kept_by_the_client_or_stored(name: s
             assert _keys(stored) == _keys(_query(messages))
             assert stored.raw_question == _query(messages).raw_question
     assert histories > len(pairs)  # the sets are about follow-ups
+
+
+def _job(**extra: object) -> ChatJob:
+    fields: dict[str, object] = {
+        "job_id": "j", "chat_id": "c", "tenant_id": "t", "key_id": "k",
+        "messages": [{"role": "user", "content": "Can you cancel it?"}], "max_tokens": 16,
+        "conversation_id": "conv", "received_at": 0.0, "enqueued_at": 0.0, "deadline_at": 1e12,
+    }  # fmt: skip
+    return ChatJob.model_validate(fields | extra)
+
+
+class _Prepared:
+    def __init__(self, ok: bool = True, window: object = True) -> None:
+        self.conversation_ok = ok
+        self.window = window
+
+
+def _cacheable(job: ChatJob, prepared: _Prepared, takeover: Takeover | None = None) -> bool:
+    run = ChatRun.__new__(ChatRun)  # the decision reads only the job and the takeover
+    run.job, run.takeover = job, takeover
+    return run._cacheable_with_history(prepared)  # type: ignore[arg-type]
+
+
+def test_a_stored_turn_is_cacheable_once_its_history_was_read() -> None:
+    assert _cacheable(_job(), _Prepared())
+    assert not _cacheable(_job(cache=False), _Prepared())
+    assert not _cacheable(_job(), _Prepared(ok=False, window=None))  # history not read
+    assert not _cacheable(_job(), _Prepared(window=None))
+    assert not _cacheable(_job(new_conversation=True), _Prepared())  # looked up at once
+    assert not _cacheable(_job(conversation_id=None), _Prepared())
+    assert not _cacheable(_job(), _Prepared(), Takeover("rerun"))
