@@ -8,7 +8,7 @@ import pytest
 from shared.protocol import Message
 from shared.tasks import ChatJob
 from workers.cache.conversation import stored_turn
-from workers.cache.evaluate import SET_NAMES, data_dir, load_set
+from workers.cache.evaluate import SET_NAMES, as_stored, data_dir, load_set
 from workers.cache.policy import Policy, Query
 from workers.chat.run import ChatRun
 from workers.chat.takeover import Takeover
@@ -111,9 +111,9 @@ def _data_sets() -> list[str]:
 
 @pytest.mark.parametrize("name", _data_sets())
 def test_every_conversation_pair_keys_alike_kept_by_the_client_or_stored(name: str) -> None:
-    """The conversation sets measured through the stored path: each side's history stored,
-    its last message sent alone. Every key the judge reads is the client-kept one's, so
-    `firsttoken cache eval` measures both paths at once."""
+    """The conversation sets as `firsttoken cache eval --mode stored` reads them: each side's
+    earlier turns stored, its last message sent alone. Every key the judge reads is the
+    client-kept one's, so the stored path serves exactly what the client-kept path does."""
     data = data_dir()
     assert data is not None
     pairs = load_set(data, name).files["conversations.jsonl"]
@@ -121,12 +121,11 @@ def test_every_conversation_pair_keys_alike_kept_by_the_client_or_stored(name: s
     histories = 0
     for pair in pairs:
         for messages in (pair.a, pair.b):
-            own = [m for m in messages if m.role == "system"] + [messages[-1]]
-            history = [m for m in messages[:-1] if m.role != "system"]
-            histories += bool(history)
-            stored = _query(stored_turn(own, history, None))
-            assert _keys(stored) == _keys(_query(messages))
-            assert stored.raw_question == _query(messages).raw_question
+            stored = as_stored(messages)
+            histories += len(stored) > len([m for m in messages if m.role == "system"]) + 1
+            kept = _query(messages)
+            assert _keys(_query(stored)) == _keys(kept)
+            assert _query(stored).raw_question == kept.raw_question
     assert histories > len(pairs)  # the sets are about follow-ups
 
 
