@@ -9,9 +9,8 @@ taken the reader stops reading, so queued chats go to other worker processes.
 Nothing in front of the first token runs in series when it can run alongside: the cache
 lookup (an embedding) races retrieval, and when retrieval is done first the engine request
 starts while the lookup finishes. A hit then aborts the engine request (it has spent a little
-prefill); a miss has cost nothing. A turn of a server-stored conversation is the exception: its
-cache key holds the history retrieval reads (workers/cache/conversation.py), so its lookup starts
-once retrieval is done, and races the engine request from there.
+prefill); a miss has cost nothing. A turn of a server-stored conversation looks up once retrieval
+has read its history, which its key holds (workers/chat/cached.py), and races the engine from there.
 """
 
 from __future__ import annotations
@@ -39,9 +38,9 @@ from shared.tasks import ChatJob, TaskCall
 from workers import retrieval
 from workers.app import app
 from workers.cache import stage as cache_stage
-from workers.cache.conversation import stored_turn
 from workers.cache.policy import Query
 from workers.cache.stage import CacheStage, Lookup
+from workers.chat.cached import cacheable_at_once, keep_cached_turn, keyed_on_history
 from workers.chat.coalesce import Coalescer
 from workers.chat.deferred import deferred
 from workers.chat.failover import LeaseKeeper
@@ -80,26 +79,6 @@ async def chat_call(call: TaskCall) -> None:
 
 
 HANDLERS = {CHAT_TASK: chat_call}
-
-
-async def warm_chat_worker(ctx: WorkerContext) -> None:
-    """Before the first chat: tokenizers, engine clients, the database pool, the embedding
-    model and the cache index."""
-    models = ctx.models
-    retrieval.warm_up(ctx.settings, models)
-    for spec in models:  # engine clients (and the SDK's imports) now, not on a first chat
-        ctx.engine_for(spec)
-    try:
-        async with asyncio.timeout(5):
-            await ctx.db.warm()
-            await retrieval.warm_queries(ctx.db)
-    except Exception as exc:  # noqa: BLE001 - chats work without the database; it may be down
-        log.warning("database not reachable at start-up (%s); chats go on without it", exc)
-    try:
-        await retrieval.warm_kb(ctx)
-    except Exception:  # a chat loads it again (and goes without the kb meanwhile)
-        log.warning("knowledge-base embedder not loaded at start-up", exc_info=True)
-    await cache_stage.warm(ctx)
 
 
 async def run_chat(job: ChatJob) -> None:
@@ -176,8 +155,7 @@ class ChatRun:
         self.generation: Generation | None = None
         self.cache: CacheStage | None = None
         self.lookup = Lookup(tier="off")
-        # The job as the cache keys it: a stored conversation's turn with its history
-        # (_cacheable_with_history); every other chat as it came.
+        # The job as the cache keys it (a stored conversation's turn: with its history).
         self.cache_job = job
         self._prepared: retrieval.Prepared | None = None
         self._helpers: list[asyncio.Future[Any]] = []
@@ -290,7 +268,7 @@ class ChatRun:
 
     async def _answer(self) -> None:
         lookup: asyncio.Future[Any] | None = None
-        if self._cacheable():
+        if cacheable_at_once(self.job, self.takeover):
             query, known = self._exact_known()
             lookup = self._spawn(self._lookup(query))
             if known:
@@ -305,9 +283,10 @@ class ChatRun:
             # Nothing to race: awaited in place (a task would cost two passes of the loop,
             # and with every source cached the stage does not wait at all).
             prepared = self._prepared = await retrieval.prepare(self.ctx, self.job)
-            if self._cacheable_with_history(prepared):
-                lookup = await self._lookup_with_history(prepared)
-                if lookup is None:
+            keyed = keyed_on_history(self.job, self.takeover, prepared)
+            if keyed is not None:
+                self.cache_job = keyed
+                if (lookup := await self._lookup_with_history()) is None:
                     return  # served from the cache
         else:
             prepare = self._spawn(retrieval.prepare(self.ctx, self.job))
@@ -348,37 +327,9 @@ class ChatRun:
         await self._finish(prepared, *result, lookup)
 
     # --- stages ---------------------------------------------------------------------------
-    def _cacheable(self) -> bool:
-        """Whether the lookup may start at once, alongside retrieval. A turn of a stored
-        conversation may not: its key holds the history retrieval reads
-        (`_cacheable_with_history`)."""
-        job = self.job
-        if self.takeover is not None:
-            return False  # a takeover answers from the engine, and its answer is not stored
-        return job.cache and not (job.conversation_id and not job.new_conversation)
-
-    def _cacheable_with_history(self, prepared: retrieval.Prepared) -> bool:
-        """A turn of a stored conversation whose history retrieval read (a window is chosen
-        only then): cacheable on that history. One whose history could not be read (its source
-        late or failing) is answered without it and is neither looked up nor stored."""
-        job = self.job
-        return (
-            self.takeover is None
-            and job.cache
-            and job.conversation_id is not None
-            and not job.new_conversation
-            and prepared.conversation_ok
-            and prepared.window is not None
-        )
-
-    async def _lookup_with_history(self, prepared: retrieval.Prepared) -> asyncio.Task[Any] | None:
-        """Start a stored conversation's lookup on its history, as the other chats' start at
-        once (an exact hit this process knows is awaited; else the lookup gets the head start
-        and then races the engine request); None when the chat was served from the cache."""
-        assert prepared.window is not None
-        window = prepared.window
-        messages = stored_turn(self.job.messages, window.history, window.summary)
-        self.cache_job = self.job.model_copy(update={"messages": messages})
+    async def _lookup_with_history(self) -> asyncio.Task[Any] | None:
+        """A stored conversation's lookup on ``cache_job``, started as other chats' is at once;
+        None when the chat was served from the cache."""
         query, known = self._exact_known()
         lookup = self._spawn(self._lookup(query))
         if known:
@@ -426,8 +377,10 @@ class ChatRun:
                 helper.cancel()
         self.cache.replay(self.cache_job, self.publisher, hit, self.points)
         conversation = None
-        if self.job.conversation_id is not None:
-            conversation = await self._keep_cached_turn(hit.answer, hit.model or self.model)
+        if self.job.conversation_id is not None:  # written to it before `done`
+            conversation = await keep_cached_turn(
+                self.ctx, self.job, self._prepared, hit.answer, hit.model or self.model
+            )
         outcome = Outcome(
             self.model,
             "stop",
@@ -442,23 +395,6 @@ class ChatRun:
         extras = {} if conversation is None else {"conversation_id": conversation}
         self._end(outcome, self._done(True, "stop", usage, extras))
         return True
-
-    async def _keep_cached_turn(self, answer: str, model: str) -> str | None:
-        """A conversation's turn answered from the cache is still its turn: written before
-        `done` as an engine's answer is (the next turn reads it), and named in `done`. Returns
-        the conversation, or None when it was not verified (not written, as for any answer)."""
-        job, prepared = self.job, self._prepared
-        assert job.conversation_id is not None
-        if prepared is not None:
-            if not prepared.conversation_ok:
-                return None
-            await retrieval.after_answer(self.ctx, job, prepared, answer, model)
-        elif job.new_conversation:
-            # Served before retrieval ran: the gateway minted the id for this tenant.
-            await retrieval.store_turn(self.ctx, job, job.conversation_id, answer, model)
-        else:
-            return None
-        return job.conversation_id
 
     async def _generate(
         self, first_ready: asyncio.Event | None = None, go: asyncio.Event | None = None

@@ -10,9 +10,9 @@ from shared.tasks import ChatJob
 from workers.cache.conversation import stored_turn
 from workers.cache.evaluate import SET_NAMES, as_stored, data_dir, load_set
 from workers.cache.policy import Policy, Query
-from workers.chat.run import ChatRun
+from workers.chat.cached import cacheable_at_once, keyed_on_history
 from workers.chat.takeover import Takeover
-from workers.conversation import StoredMessage, WindowRules, select_window
+from workers.conversation import StoredMessage, Window, WindowRules, select_window
 from workers.prompt.template import summary_line
 
 POLICY = Policy()
@@ -144,17 +144,24 @@ class _Prepared:
         self.window = window
 
 
-def _cacheable(job: ChatJob, prepared: _Prepared, takeover: Takeover | None = None) -> bool:
-    run = ChatRun.__new__(ChatRun)  # the decision reads only the job and the takeover
-    run.job, run.takeover = job, takeover
-    return run._cacheable_with_history(prepared)  # type: ignore[arg-type]
+def _cacheable(job: ChatJob, prepared: object, takeover: Takeover | None = None) -> bool:
+    return keyed_on_history(job, takeover, prepared) is not None  # type: ignore[arg-type]
 
 
-def test_a_stored_turn_is_cacheable_once_its_history_was_read() -> None:
-    assert _cacheable(_job(), _Prepared())
-    assert not _cacheable(_job(cache=False), _Prepared())
+def test_a_stored_turn_is_looked_up_once_its_history_was_read() -> None:
+    window = Window(tuple(ORDER), "Ana, Lisbon.", None, 0)
+    keyed = keyed_on_history(_job(), None, _Prepared(window=window))  # type: ignore[arg-type]
+    assert keyed is not None and keyed.job_id == "j"
+    assert keyed.messages == stored_turn(_job().messages, ORDER, "Ana, Lisbon.")
+    assert not _cacheable(_job(cache=False), _Prepared(window=window))
     assert not _cacheable(_job(), _Prepared(ok=False, window=None))  # history not read
     assert not _cacheable(_job(), _Prepared(window=None))
-    assert not _cacheable(_job(new_conversation=True), _Prepared())  # looked up at once
-    assert not _cacheable(_job(conversation_id=None), _Prepared())
-    assert not _cacheable(_job(), _Prepared(), Takeover("rerun"))
+    assert not _cacheable(_job(new_conversation=True), _Prepared(window=window))  # at once
+    assert not _cacheable(_job(conversation_id=None), _Prepared(window=window))
+    assert not _cacheable(_job(), _Prepared(window=window), Takeover("rerun"))
+    # Those looked up at once, alongside retrieval: not a stored turn, nor a takeover.
+    assert cacheable_at_once(_job(new_conversation=True), None)
+    assert cacheable_at_once(_job(conversation_id=None), None)
+    assert not cacheable_at_once(_job(), None)
+    assert not cacheable_at_once(_job(conversation_id=None), Takeover("rerun"))
+    assert not cacheable_at_once(_job(conversation_id=None, cache=False), None)
