@@ -369,10 +369,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--mode",
-        choices=["guarded", "cosine", "last_message"],
+        choices=["guarded", "cosine", "last_message", "stored"],
         default="guarded",
         help="guarded (what the worker serves), cosine (threshold only: baseline), "
-        "last_message (conversation context ignored: baseline)",
+        "last_message (conversation context ignored: baseline), stored (each side a turn of a "
+        "server-stored conversation: its earlier turns stored, the last message sent alone)",
     )
     p.set_defaults(fn=_cmd_eval)
     p = actions.add_parser(

@@ -144,7 +144,7 @@ async def create_response(request: Request) -> Response:
                 gw.models.get(parsed.model)
             except InvalidRequest as exc:
                 raise UnknownModel(exc.message) from None
-        conversation_id, cache = None, parsed.cache
+        conversation_id: str | None = None
         previous = parsed.previous_response_id
         if previous is not None:
             record = await store.load(previous, principal.tenant_id, "previous_response_id")
@@ -162,11 +162,12 @@ async def create_response(request: Request) -> Response:
                 )
             claimed = (conversation_id, previous)
         elif parsed.store:
+            # A turn answered from the cache is written to the conversation as any other
+            # (workers/chat/run.py), and `done` names the conversation.
             conversation_id = NEW_CONVERSATION
-            # A cache hit is not written to the conversation (workers/chat/run.py), so the
-            # next turn would find no history: a stored response's first turn skips the cache.
-            cache = False
-        frame = chat_frame(parsed, chat_id=CHAT_ID, conversation_id=conversation_id, cache=cache)
+        frame = chat_frame(
+            parsed, chat_id=CHAT_ID, conversation_id=conversation_id, cache=parsed.cache
+        )
         chat = ResponsesChat(gw, principal)
         if tracing.on:
             chat.client_trace = from_headers(request.headers)

@@ -88,7 +88,8 @@ class CacheSettings(BaseModel):
         None,
         description="vLLM request priority of the verification's engine calls (lower runs "
         "earlier; the chats' requests have 0, so e.g. 10 lets every chat go first). Needs vLLM "
-        "started with --scheduling-policy priority, which refuses it otherwise. Unset: not sent.",
+        "started with --scheduling-policy priority; without it older vLLM refuses the calls and "
+        "vLLM 0.32 ignores the priority. Unset: not sent.",
     )
     cache_verifier: Literal["overlap", "none"] = Field(
         "overlap",

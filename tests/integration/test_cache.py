@@ -330,6 +330,61 @@ async def test_a_follow_up_after_the_same_turns_is_served_among_many_conversatio
     await client.ws.close()
 
 
+async def test_a_stored_conversations_follow_up_is_served_after_the_same_turns(
+    cstack: Stack,
+) -> None:
+    """Server-kept conversations (issue 45): a follow-up is keyed on the history the worker
+    read, as a client-kept one on the history it was sent. After the same turns as an earlier
+    conversation it is served (reworded too), and the turn served is the conversation's own:
+    the next turn reads it. After other turns, or with `cache: false`, the engine answers."""
+    client = await _client(cstack)
+    tag = uuid.uuid4().hex[:8]
+    opening = f"I ordered a green scarf last week, order {tag}."
+    follow_up, then = "Can you cancel it?", "When will the refund reach my card?"
+
+    async def turn(
+        chat_id: str, text: str, conversation: str, stored: bool = False, **extra: Any
+    ) -> tuple[str, dict[str, Any]]:
+        before = _entries(cstack)
+        answer, done = await _ask(client, chat_id, text, conversation_id=conversation, **extra)
+        if stored:  # the entry written (off the hot path) and synced to both workers
+            deadline = time.monotonic() + 15
+            while _entries(cstack) <= before and time.monotonic() < deadline:  # noqa: ASYNC110 - another process writes
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)
+        return answer, done
+
+    a1, done = await turn("sa1", opening, "new", stored=True)
+    conv_a = done["conversation_id"]
+    a2, done = await turn("sa2", follow_up, conv_a, stored=True)
+    assert done["cached"] is False
+    a3, done = await turn("sa3", then, conv_a, stored=True)
+    assert done["cached"] is False
+
+    b1, done = await turn("sb1", opening, "new")
+    conv_b = done["conversation_id"]
+    assert done["cached"] is True and b1 == a1 and conv_b != conv_a
+    b2, done = await turn("sb2", follow_up, conv_b)
+    assert done["cached"] is True and b2 == a2, done
+    assert done["conversation_id"] == conv_b
+    # Served only if both turns served from the cache were written to B as A's were.
+    b3, done = await turn("sb3", then, conv_b)
+    assert done["cached"] is True and b3 == a3, done
+
+    _, done = await turn("sd1", opening, "new")
+    reworded, done = await turn("sd2", "could you please cancel it", done["conversation_id"])
+    assert done["cached"] is True and reworded == a2, done
+
+    _, done = await turn("sc1", f"I ordered a red hat last week, order {tag}.", "new")
+    _, done = await turn("sc2", follow_up, done["conversation_id"])
+    assert done["cached"] is False
+
+    _, done = await turn("se1", opening, "new")
+    _, done = await turn("se2", follow_up, done["conversation_id"], cache=False)
+    assert done["cached"] is False
+    await client.ws.close()
+
+
 async def test_high_temperature_and_truncated_answers_are_not_cached(cstack: Stack) -> None:
     """Answers sampled hot or cut by max_tokens are never stored."""
     client = await _client(cstack)

@@ -196,6 +196,31 @@ async def test_three_turns_by_previous_response_id_then_retrieve_and_delete(
     await client.close()
 
 
+async def test_a_stored_response_served_from_the_cache_is_continued(rstack: Stack) -> None:
+    """A stored response's turns may come from the cache (issue 45): the turn served is its
+    conversation's, so it is continued as any other, and a follow-up after the same turns is
+    served too."""
+    client = async_client(rstack)
+    model = model_of(rstack)
+    opening = f"My ticket is {uuid.uuid4().hex[:8]}. Remember it."
+    first = await client.responses.create(model=model, input=opening)
+    await asyncio.sleep(2.0)  # its entry written after the response, then synced (1 s)
+    again = await client.responses.create(model=model, input=opening)
+    assert (again.model_extra or {})["x_firsttoken"]["cached"] is True
+    assert again.output_text == first.output_text
+    follow = await client.responses.create(
+        model=model, input="What is my ticket?", previous_response_id=first.id
+    )
+    await asyncio.sleep(2.0)
+    served = await client.responses.create(
+        model=model, input="What is my ticket?", previous_response_id=again.id
+    )
+    assert (served.model_extra or {})["x_firsttoken"]["cached"] is True
+    assert served.output_text == follow.output_text
+    assert served.previous_response_id == again.id
+    await client.close()
+
+
 async def test_long_conversation_is_bounded_by_the_window(rstack: Stack) -> None:
     client = async_client(rstack)
     model = model_of(rstack)

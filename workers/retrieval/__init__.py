@@ -12,7 +12,7 @@ One chat: :func:`prepare` -> :func:`start_background` (once the engine request i
 calls :func:`warm_up` (tokenizers) and :func:`warm_queries` (each source's query compiled).
 """
 
-from workers.retrieval.after import after_answer, done_fields, settle_background
+from workers.retrieval.after import after_answer, done_fields, settle_background, store_turn
 from workers.retrieval.assembly import (
     BACKGROUND_SOURCES,
     Prepared,
@@ -35,6 +35,7 @@ __all__ = [
     "settle_background",
     "sources_for",
     "start_background",
+    "store_turn",
     "warm_kb",
     "warm_queries",
     "warm_up",

@@ -61,34 +61,11 @@ def done_fields(prepared: Prepared) -> dict[str, Any]:
 async def after_answer(
     ctx: WorkerContext, original: ChatJob, prepared: Prepared, answer: str, model: str
 ) -> None:
-    """Store a conversation turn before `done`, so the next turn reads it; queue a summary.
-
-    The direct write (one short transaction; it delays `done`, never the first token) is what
-    makes "send the next message as soon as `done` arrives" see this turn. The bulk queue gets
-    the same idempotent write too (workers/chat/run.py), so a failure here only delays it.
-    """
+    """Store a conversation turn before `done`, so the next turn reads it; queue a summary."""
     job = prepared.job
     if not prepared.conversation_ok or job.conversation_id is None:
         return
-    from shared.db.writes import insert_messages
-    from shared.tasks import MessagesRecord
-
-    record = MessagesRecord(
-        request_id=job.job_id,
-        tenant_id=job.tenant_id,
-        conversation_id=job.conversation_id,
-        # The client's messages as sent, like the bulk write: both key rows on
-        # (request_id, position), so the second of the two writes adds nothing.
-        messages=list(original.messages),
-        answer=answer,
-        model=model,
-        created_at=time.time(),
-    )
-    try:
-        async with asyncio.timeout(1.0), ctx.db.sessionmaker().begin() as session:
-            await insert_messages(session, record)
-    except Exception as exc:  # noqa: BLE001 - the bulk path retries it
-        log.warning("direct write of turn %s failed (%s); the bulk queue has it", job.job_id, exc)
+    await store_turn(ctx, original, job.conversation_id, answer, model)
     window = prepared.window
     if window is None or window.summarize_upto is None:
         return
@@ -107,3 +84,36 @@ async def after_answer(
             origin=ctx.name,
         )
         await ctx.redis.lpush(ctx.keys.queue_list(SUMMARIZE_QUEUE), message)
+
+
+async def store_turn(
+    ctx: WorkerContext, original: ChatJob, conversation_id: str, answer: str, model: str
+) -> None:
+    """Write a verified conversation's turn (the client's messages and the answer) now.
+
+    The direct write (one short transaction; it delays `done`, never the first token) is what
+    makes "send the next message as soon as `done` arrives" see this turn. The bulk queue gets
+    the same idempotent write too (workers/chat/record.py), so a failure here only delays it.
+    An answer replayed from the cache is written the same way: it is the conversation's turn.
+    """
+    from shared.db.writes import insert_messages
+    from shared.tasks import MessagesRecord
+
+    record = MessagesRecord(
+        request_id=original.job_id,
+        tenant_id=original.tenant_id,
+        conversation_id=conversation_id,
+        # The client's messages as sent, like the bulk write: both key rows on
+        # (request_id, position), so the second of the two writes adds nothing.
+        messages=list(original.messages),
+        answer=answer,
+        model=model,
+        created_at=time.time(),
+    )
+    try:
+        async with asyncio.timeout(1.0), ctx.db.sessionmaker().begin() as session:
+            await insert_messages(session, record)
+    except Exception as exc:  # noqa: BLE001 - the bulk path retries it
+        log.warning(
+            "direct write of turn %s failed (%s); the bulk queue has it", original.job_id, exc
+        )

@@ -1,6 +1,7 @@
 """The verification's engine calls at a low priority on the engine (issue 45): the setting
 reaches the engine request, and the OpenAI-compatible engine sends it as vLLM's `priority`
-body field only when it is set (a vLLM not scheduling by priority refuses any other than 0)."""
+body field only when it is set (a vLLM not scheduling by priority may refuse any other than 0:
+older vLLM did; tests/vllm/test_verify_priority.py runs a real one)."""
 
 from __future__ import annotations
 
