@@ -122,27 +122,45 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _name_taken(settings: Settings, name: str | None) -> str | None:
-    """The refusal line when a live worker already has `name`; None to go on. A default name
-    carries this process's pid, so only an explicit one is looked up. Redis not answering is
-    no reason to refuse: Celery retries its connection at start (a worker started before its
-    Redis, as under docker compose), and its name is checked against nothing then."""
+    """The refusal line when a live worker already has `name`; None to go on (after a wait
+    when the name's heartbeat is this process's dead predecessor's, firsttoken/workername.py).
+    A default name carries this process's pid, so only an explicit one is looked up. Redis not
+    answering is no reason to refuse: Celery retries its connection at start (a worker started
+    before its Redis, as under docker compose), and its name is checked against nothing then."""
     if name is None:
         return None
     import asyncio
+    import socket
+    import time
 
-    from firsttoken.workername import find_live, node_name, refusal
+    from firsttoken.workername import find_live, node_name, pid_running, refusal
     from shared.redis.client import UNREACHABLE
 
-    try:
-        live = asyncio.run(find_live(settings, node_name(name)))
-    except UNREACHABLE as exc:
+    node = node_name(name)
+    host, pid = socket.gethostname(), os.getpid()
+    waited = False
+    while True:
+        try:
+            live = asyncio.run(find_live(settings, node))
+        except UNREACHABLE as exc:
+            print(
+                f"firsttoken worker: could not check that no live worker is named {name} "
+                f"(Redis: {exc}); starting anyway",
+                file=sys.stderr,
+            )
+            return None
+        if live is None:
+            return None
+        if waited or not live.is_dead_predecessor(host, pid, pid_running):
+            return refusal(live)
+        wait_s = settings.worker_lost_s - live.age_s + settings.worker_heartbeat_s
         print(
-            f"firsttoken worker: could not check that no live worker is named {name} "
-            f"(Redis: {exc}); starting anyway",
+            f"firsttoken worker: the last worker named {node} (pid {live.pid}) is gone; "
+            f"starting in {wait_s:.1f}s, once other workers have taken its chats over",
             file=sys.stderr,
         )
-        return None
-    return refusal(live) if live is not None else None
+        time.sleep(max(0.0, wait_s))
+        waited = True
 
 
 def _quiet_root_warning() -> None:

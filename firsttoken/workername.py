@@ -8,6 +8,12 @@ takes them over. So the default name carries the pid (`chat-4121@host`; under fo
 Heroku-style runner, whose environment names the Procfile process, `worker_chat.1-4121@host`),
 and a worker refuses to start under a name whose heartbeat is fresh.
 
+Unless that heartbeat is its own earlier incarnation's: the same host, and its pid runs nothing
+(or is this very process, as in a restarted container). A worker restarted under its fixed name
+right after a crash (systemd, a Procfile runner, a test) then waits until its predecessor is
+lost and one beat more, so that other chat workers take the dead one's chats over first (they
+are leased under the name, and a live name is never taken over), and starts.
+
 The check is a read at start, not a lock: two workers started with the same explicit name in
 the same second both pass it (a chat worker beats only once warm). Unique defaults are what
 make that case rare; the check catches the common one, a second worker started beside a
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from shared.keys import QUEUES, Keys
@@ -50,6 +57,33 @@ class LiveWorker:
     age_s: float
     host: str | None
     pid: int | None
+
+    def is_dead_predecessor(self, host: str, pid: int, running: Callable[[int], bool]) -> bool:
+        """Whether this heartbeat is this process's own earlier incarnation, gone: it ran on
+        `host` and its pid is `pid` or runs nothing."""
+        if self.host != host or self.pid is None:
+            return False
+        return self.pid == pid or not running(self.pid)
+
+
+def pid_running(pid: int) -> bool:
+    """Whether `pid` is a running process on this host (a zombie, killed but not yet reaped by
+    its parent, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # pid (comm) state ...: comm may hold spaces and parentheses; the state follows
+            # the last ')'.
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc here
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
 
 async def find_live(settings: Settings, node: str) -> LiveWorker | None:

@@ -4,13 +4,17 @@ commands run beside it, and the one line the CLI prints for an error."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from firsttoken import stackfile
 from firsttoken.clierrors import explain
-from firsttoken.workername import LiveWorker, default_name, refusal
+from firsttoken.workername import LiveWorker, default_name, pid_running, refusal
 from shared.errors import ConfigError
 
 
@@ -81,3 +85,30 @@ def test_errors_become_one_line_that_says_what_to_do() -> None:
 def test_the_refusal_names_the_live_worker() -> None:
     text = refusal(LiveWorker("chat@h", 0.4, "h", 99))
     assert "chat@h" in text and "pid 99" in text and "--name" in text and "\n" not in text
+
+
+@pytest.mark.parametrize(
+    ("worker", "running", "dead"),
+    [
+        (LiveWorker("chat@h", 0.4, "h", 99), False, True),  # crashed here: its pid runs nothing
+        (LiveWorker("chat@h", 0.4, "h", 99), True, False),  # alive here: refused
+        (LiveWorker("chat@h", 0.4, "h", 7), True, True),  # this very pid (a restarted container)
+        (LiveWorker("chat@h", 0.4, "other", 99), False, False),  # another host's: cannot tell
+        (LiveWorker("chat@h", 0.4, "h", None), False, False),  # no status record
+    ],
+)
+def test_only_this_hosts_dead_predecessor_is_waited_for(
+    worker: LiveWorker, running: bool, dead: bool
+) -> None:
+    assert worker.is_dead_predecessor("h", 7, lambda pid: running) is dead
+
+
+def test_pid_running_sees_this_process_and_not_a_reaped_or_zombie_child() -> None:
+    assert pid_running(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and pid_running(child.pid):
+        time.sleep(0.02)  # exited and not reaped: a zombie, not running
+    assert not pid_running(child.pid)
+    child.wait()
+    assert not pid_running(child.pid)
