@@ -47,6 +47,7 @@ class JobPublisher:
         self._send = chunks.keyed((self._channel, self._stream)).send
         self._chat_id = chat_id
         self._expiry_set = False
+        self._model: str | None = None  # named by the next token chunk (see name_model)
         self.next_seq = 0
 
     def send(self, message: str, *, urgent: bool = False) -> None:
@@ -70,12 +71,23 @@ class JobPublisher:
         script.send((started, self._maxlen, self._ttl), cancelled)
         return cancelled
 
+    def name_model(self, model: str) -> None:
+        """The model that answers (`auto` routed, a failover's), named in the next token
+        chunk's header: a door whose every chunk names the model (OpenAI's, issue 42) learns
+        it with the first token, in the same message (not a `started` of its own)."""
+        self._model = model
+
     def token(self, text: str, tokens: int | None = None) -> None:
         """One token chunk; the answer's first is written at once (the client waits on it).
         `tokens`: the answer's tokens so far, for a worker that may have to continue it."""
         seq = self.next_seq
         self.next_seq += 1
-        message = encode_chunk(CHUNK_TOKEN, encode_token(self._chat_id, seq, text), seq, tokens)
+        frame = encode_token(self._chat_id, seq, text)
+        if self._model is None:
+            message = encode_chunk(CHUNK_TOKEN, frame, seq, tokens)
+        else:
+            message = encode_chunk(CHUNK_TOKEN, frame, seq, tokens, self._model)
+            self._model = None
         self.send(message, urgent=seq == 0)
 
     def done(self, chunk: DoneChunk) -> None:
