@@ -66,16 +66,17 @@ def test_a_keyed_script_packs_the_same_command() -> None:
     assert script.keyed(("k",)).command(()) == pack((b"EVALSHA", sha, b"1", b"k"))
 
 
-@pytest.mark.parametrize("keyed", [False, True], ids=["script", "keyed"])
+@pytest.mark.parametrize("how", ["script", "keyed", "merged"])
 async def test_chunks_arrive_in_order_on_channel_and_replay_stream(
-    services: Services, channel: tuple[str, str, aioredis.client.PubSub], keyed: bool
+    services: Services, channel: tuple[str, str, aioredis.client.PubSub], how: str
 ) -> None:
     ch, stream, pubsub = channel
     pipe, chunks = await _open(services)
     try:
         messages = [f"T{i}\nchunk {i}" for i in range(2000)]
-        if keyed:
-            send = chunks.keyed((ch, stream)).send
+        if how != "script":
+            keyed = chunks.keyed((ch, stream))
+            send = keyed.send if how == "keyed" else keyed.merge
             for i, message in enumerate(messages):
                 send((message.encode(), b"100", b"60" if i == 0 else b"0"))
         else:
@@ -293,3 +294,48 @@ async def test_linger_holds_chunks_until_an_awaited_call_or_urgent_one(services:
         await pipe.close(grace_s=0.5)
         await client.delete(key)
         await client.aclose()
+
+
+async def test_merged_chunks_of_several_jobs_go_as_one_call_in_the_order_sent(
+    tmp_path: Path,
+) -> None:
+    """Chunks of two jobs queued back to back are one EVALSHA (a private Redis counts them);
+    a plain command between them closes the run, and everything keeps the order sent."""
+    port = free_port()
+    server = throwaway_redis_server(port, tmp_path)
+    url = f"redis://127.0.0.1:{port}/0"
+    pipe = RedisPipe(url)
+    chunks = pipe.script(scripts.CHUNK_SEND)
+    client = aioredis.Redis.from_url(url, decode_responses=True)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    try:
+        await pubsub.subscribe("a:ch", "b:ch")
+        await pipe.start()
+        a, b = chunks.keyed(("a:ch", "a:replay")), chunks.keyed(("b:ch", "b:replay"))
+        await client.config_resetstat()
+        for i in range(6):
+            a.merge((b"a%d" % i, b"100", b"60" if i == 0 else b"0"))
+            b.merge((b"b%d" % i, b"100", b"60" if i == 0 else b"0"))
+            if i == 2:
+                pipe.send((b"PUBLISH", b"a:ch", b"plain"))
+        await asyncio.wait_for(pipe.flush(), 5.0)
+        got: list[tuple[str, str]] = []
+        async with asyncio.timeout(5):
+            while len(got) < 13:
+                msg = await pubsub.get_message(timeout=0.2)
+                if msg is not None and msg["type"] == "message":
+                    got.append((msg["channel"], msg["data"]))
+        assert [data for ch, data in got if ch == "a:ch"] == [
+            *("a0", "a1", "a2", "plain", "a3", "a4", "a5")
+        ]
+        assert [data for ch, data in got if ch == "b:ch"] == [f"b{i}" for i in range(6)]
+        assert [e[1]["m"] for e in await client.xrange("b:replay")] == [f"b{i}" for i in range(6)]
+        assert 0 < await client.ttl("a:replay") <= 60
+        stats = await client.info("commandstats")
+        assert stats["cmdstat_evalsha"]["calls"] == 2
+    finally:
+        await pipe.close(grace_s=0.5)
+        await pubsub.aclose()
+        await client.aclose()
+        server.terminate()
+        server.wait(10)

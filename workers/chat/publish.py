@@ -23,7 +23,8 @@ from shared.redis.pipe import PipeScript
 class JobPublisher:
     """Sends one job's messages; every message goes to the channel and the replay stream in one
     script call (`chunks`: shared/redis/scripts/chunk_send.lua on the process's pipe), so a
-    gap or a reconnect can be repaired from the stream.
+    gap or a reconnect can be repaired from the stream. The calls of every job queued back to
+    back go out as one (shared/redis/pipe.py `KeyedScript.merge`).
 
     Sending only queues the call on the process's Redis pipe (shared/redis/pipe.py), so the
     send methods are plain functions: nothing between two chunks yields to the loop, and a job's
@@ -44,7 +45,7 @@ class JobPublisher:
         self._ttl = b"%d" % replay_ttl_s
         self._channel = keys.job_channel(job_id)
         self._stream = keys.replay_stream(job_id)
-        self._send = chunks.keyed((self._channel, self._stream)).send
+        self._send = chunks.keyed((self._channel, self._stream)).merge
         self._chat_id = chat_id
         self._expiry_set = False
         self._model: str | None = None  # named by the next token chunk (see name_model)
