@@ -3,10 +3,11 @@
 -- command and one reply, pipelined on the process's Redis pipe. Run by workers/chat/publish.py:
 -- one chunk a run, and the runs queued back to back merged into one (shared/redis/pipe.py).
 --
--- KEYS     per chunk: its job's channel, then its job's replay stream; after the last chunk,
---          optionally the cancel flag of a lone chunk's job (given with the `started` chunk)
--- ARGV     per chunk: the message, the replay stream's approximate maxlen, the replay stream's
---          ttl, s ('0': leave its expiry as it is)
+-- KEYS[1..2n]    per chunk i (of n): KEYS[2i-1] its job's channel, KEYS[2i] its job's replay
+--                stream
+-- KEYS[2n+1]     optional, with a lone chunk: its job's cancel flag (given with `started`)
+-- ARGV[1..3n]    per chunk i: ARGV[3i-2] the message, ARGV[3i-1] the replay stream's
+--                approximate maxlen, ARGV[3i] its ttl, s ('0': leave its expiry as it is)
 -- Returns 1 if the cancel flag is set (or no flag was given), else 0.
 
 local chunks = #ARGV / 3
