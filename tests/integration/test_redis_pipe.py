@@ -52,9 +52,16 @@ async def _received(pubsub: aioredis.client.PubSub, count: int, timeout: float =
     return out
 
 
-def _send(chunks: PipeScript, ch: str, stream: str, messages: list[str]) -> None:
+def _send(
+    chunks: PipeScript, ch: str, stream: str, messages: list[str], *, merged: bool = False
+) -> None:
+    """Each message a run of the script, or, `merged`, runs merged as the publisher sends them."""
+    keyed = chunks.keyed((ch, stream))
     for i, message in enumerate(messages):
-        chunks.send((ch, stream), (message, "100", "60" if i == 0 else "0"))
+        if merged:
+            keyed.merge((message.encode(), b"100", b"60" if i == 0 else b"0"))
+        else:
+            chunks.send((ch, stream), (message, "100", "60" if i == 0 else "0"))
 
 
 def test_a_keyed_script_packs_the_same_command() -> None:
@@ -109,8 +116,9 @@ async def test_idle_connection_survives_redis_clients_default_timeout(
         await pipe.close()
 
 
+@pytest.mark.parametrize("merged", [False, True], ids=["runs", "merged"])
 async def test_killed_connection_reconnects_and_loses_nothing(
-    services: Services, channel: tuple[str, str, aioredis.client.PubSub]
+    services: Services, channel: tuple[str, str, aioredis.client.PubSub], merged: bool
 ) -> None:
     ch, stream, pubsub = channel
     name = f"ftpipe-{uuid.uuid4().hex[:8]}"
@@ -123,7 +131,7 @@ async def test_killed_connection_reconnects_and_loses_nothing(
         ids = [c["id"] for c in await admin.client_list() if c.get("name") == name]
         assert len(ids) == 1
         assert await admin.client_kill_filter(_id=ids[0]) == 1
-        _send(chunks, ch, stream, [f"after {i}" for i in range(50)])
+        _send(chunks, ch, stream, [f"after {i}" for i in range(50)], merged=merged)
         got = await _received(pubsub, 50, timeout=10.0)
         # Order kept; a chunk in flight at the cut may come twice (the gateway drops it by seq).
         assert list(dict.fromkeys(got)) == [f"after {i}" for i in range(50)]
@@ -132,15 +140,16 @@ async def test_killed_connection_reconnects_and_loses_nothing(
         await pipe.close()
 
 
+@pytest.mark.parametrize("merged", [False, True], ids=["runs", "merged"])
 async def test_flushed_script_cache_is_reloaded(
-    services: Services, channel: tuple[str, str, aioredis.client.PubSub]
+    services: Services, channel: tuple[str, str, aioredis.client.PubSub], merged: bool
 ) -> None:
     ch, stream, pubsub = channel
     pipe, chunks = await _open(services)
     admin = aioredis.Redis.from_url(services.redis_url)
     try:
         await admin.script_flush()
-        _send(chunks, ch, stream, ["a", "b", "c"])
+        _send(chunks, ch, stream, ["a", "b", "c"], merged=merged)
         got = await _received(pubsub, 3, timeout=10.0)
         assert list(dict.fromkeys(got)) == ["a", "b", "c"]
         assert pipe.errors == 0
