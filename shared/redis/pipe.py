@@ -71,6 +71,7 @@ MAX_MERGED_RUNS = 64
 class _Call:
     command: bytes  # packed, sent again as is after a reconnect
     reply: Reply | None  # set to the answer, for the calls that want it
+    runs: int = 1  # the calls it stands for (merged runs), as max_pending counts them
 
 
 @dataclass(slots=True)
@@ -83,7 +84,6 @@ class _Merged:
     args: list[bytes]  # each run's arguments, likewise
     key_count: int = 0
     arg_count: int = 0
-    runs: int = 0
 
     def pack(self) -> bytes:
         head = bulks((b"EVALSHA", self.sha, b"%d" % self.key_count))
@@ -118,6 +118,7 @@ class RedisPipe:
         self._buffer: list[bytes] = []
         self._merged: _Merged | None = None  # the last call queued, while runs can join it
         self._in_flight: deque[_Call] = deque()  # written (or about to be), not yet answered
+        self._pending = 0  # the runs in _in_flight (a merged call counts each of its runs)
         self._wake = asyncio.Event()
         self._up = asyncio.Event()
         self._drained = asyncio.Event()  # set whenever nothing waits for a reply
@@ -166,6 +167,7 @@ class RedisPipe:
             self._close_merged()
         call = _Call(command, reply)
         self._in_flight.append(call)
+        self._pending += 1
         if self._up.is_set():
             self._buffer.append(call.command)
             if reply is not None:
@@ -182,17 +184,18 @@ class RedisPipe:
         docstring). `urgent` as for :meth:`send`."""
         self._check_room()
         merged = self._merged
-        if merged is None or merged.sha != sha or merged.runs >= MAX_MERGED_RUNS:
+        if merged is None or merged.sha != sha or merged.call.runs >= MAX_MERGED_RUNS:
             if merged is not None:
                 self._close_merged()
-            call = _Call(b"", None)
+            call = _Call(b"", None, 0)
             self._in_flight.append(call)
             merged = self._merged = _Merged(call, sha, [], [])
+        merged.call.runs += 1
+        self._pending += 1
         merged.keys.append(keys)
         merged.key_count += key_count
         merged.args.append(bulks(args))
         merged.arg_count += len(args)
-        merged.runs += 1
         if self._up.is_set():
             if not (urgent and self._write_now()):
                 self._wake.set()
@@ -228,9 +231,9 @@ class RedisPipe:
             down = time.monotonic() - (self._down_since or time.monotonic())
             if down > self._down_fail_s:
                 raise ConnectionError(f"Redis has been unreachable for {down:.1f}s")
-        if len(self._in_flight) >= self._max_pending:
+        if self._pending >= self._max_pending:
             raise ConnectionError(
-                f"{len(self._in_flight)} commands wait for Redis; it is too slow or unreachable"
+                f"{self._pending} commands wait for Redis; it is too slow or unreachable"
             )
 
     def _close_merged(self) -> None:
@@ -272,6 +275,7 @@ class RedisPipe:
         self._in_flight = deque(
             c for c in self._in_flight if c.reply is None or not c.reply.cancelled()
         )
+        self._pending = sum(call.runs for call in self._in_flight)
         self._buffer = [call.command for call in self._in_flight]
         self._down_since = None
         self.up_since = self._last_write = time.monotonic()
@@ -349,6 +353,7 @@ class RedisPipe:
                 if isinstance(answer, ResponseError):  # the one check a good reply costs
                     _check_reconnect(answer)
                     call = in_flight.popleft()
+                    self._pending -= call.runs
                     if call.reply is not None and not call.reply.done():
                         call.reply.set_exception(answer)
                     else:
@@ -356,6 +361,7 @@ class RedisPipe:
                         log.error("a pipelined Redis call failed: %s", answer)
                     continue
                 call = in_flight.popleft()
+                self._pending -= call.runs
                 if call.reply is not None and not call.reply.done():
                     call.reply.set_result(answer)
             if not in_flight:
