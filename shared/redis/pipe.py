@@ -8,14 +8,12 @@ and a reader task takes the replies off the socket in order. A chat worker sends
 token chunks this way; the gateway its admission and settlement scripts; both read a reply by
 awaiting the call's future.
 
-Lingering: with ``linger_s`` the writer writes at most once per ``linger_s``: a command queued
-when the last write is that old goes out at once, one queued sooner waits until it is, so the
-commands of many chats go out in one write and Redis wakes once for them (like Kafka's
-``linger.ms``), while a lone stream's chunks, further apart than that, wait for nothing (and
-cost no timer). It applies only to calls nobody waits on (token chunks after a chat's first,
-`done`); a call with a reply future, or an ``urgent`` one, writes the buffer at once as
-without it. A few milliseconds cost Redis noticeably less CPU per token in a busy chat worker
-(docs/benchmarks.md).
+Lingering: with ``linger_s`` the writer waits that long after the first queued command before
+it writes, so the commands of many chats go out in one write and Redis wakes once for them
+(like Kafka's ``linger.ms``). It applies only to calls nobody waits on (token chunks after a
+chat's first, `done`); a call with a reply future, or an ``urgent`` one, writes the buffer
+at once as without it. A few milliseconds cost Redis noticeably less CPU per token in a busy
+chat worker (docs/benchmarks.md).
 
 Ordering: Redis runs one connection's commands in the order they arrive, so everything sent
 through one pipe runs in the order it was sent, without waiting for each reply (a job's tokens,
@@ -111,8 +109,7 @@ class RedisPipe:
         self._max_pending = max_pending
         self._down_fail_s = down_fail_s
         self._linger_s = linger_s
-        self._lingering = False  # the writer is holding the buffer (see linger_s)
-        self._last_write = 0.0  # monotonic time of the last write (the connect's, at first)
+        self._lingering = False  # the writer is holding the buffer for linger_s
         self._prompt = False  # a call someone awaits is queued: no lingering for it
         self._conn: RedisConnection | None = None
         self._buffer: list[bytes] = []
@@ -256,7 +253,6 @@ class RedisPipe:
             self._close_merged()
         data, self._buffer = self._buffer, []
         conn.writelines(data)
-        self._last_write = time.monotonic()
         return True
 
     async def _connect(self) -> None:
@@ -278,7 +274,7 @@ class RedisPipe:
         self._pending = sum(call.runs for call in self._in_flight)
         self._buffer = [call.command for call in self._in_flight]
         self._down_since = None
-        self.up_since = self._last_write = time.monotonic()
+        self.up_since = time.monotonic()
         self._up.set()
         if self._buffer:
             self._wake.set()
@@ -319,11 +315,10 @@ class RedisPipe:
     async def _write(self, conn: RedisConnection) -> None:
         while True:
             await self._wake.wait()
-            held = self._last_write + self._linger_s - time.monotonic()
-            if held > 0 and not self._prompt:
+            if self._linger_s and not self._prompt:
                 self._lingering = True
                 try:
-                    await asyncio.sleep(held)
+                    await asyncio.sleep(self._linger_s)
                 finally:
                     self._lingering = False
             self._wake.clear()
@@ -333,7 +328,6 @@ class RedisPipe:
             data, self._buffer = self._buffer, []
             if data:
                 conn.writelines(data)
-                self._last_write = time.monotonic()
                 await conn.drain()
 
     async def _read(self, conn: RedisConnection) -> None:

@@ -67,11 +67,10 @@ class WorkerSettings(BaseModel):
         2.0,
         ge=0,
         le=50,
-        description="A chat worker writes token chunks (never a chat's first) to Redis at most "
-        "once per this interval: a chunk queued when the last write is this old goes at once, "
-        "one queued sooner waits for the interval's end, so many chats' chunks go out in one "
-        "write and Redis wakes once for them: less CPU per token in the worker and in Redis, at "
-        "up to this much delay on later tokens. 0: write on every turn of the event loop.",
+        description="A chat worker holds token chunks (never a chat's first) this long before "
+        "writing them to Redis, so many chats' chunks go out in one write and Redis wakes once "
+        "for them: less CPU per token in the worker and in Redis, at up to this much delay on "
+        "later tokens. 0: write on every turn of the event loop.",
     )
     replay_maxlen: int = Field(2000, ge=10, description="Chunks kept in a job's replay stream.")
     replay_ttl_s: int = Field(600, ge=10, description="How long a job's replay stream lives.")

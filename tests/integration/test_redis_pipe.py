@@ -348,35 +348,3 @@ async def test_merged_chunks_of_several_jobs_go_as_one_call_in_the_order_sent(
         await client.aclose()
         server.terminate()
         server.wait(10)
-
-
-async def test_linger_holds_chunks_only_within_its_interval_of_the_last_write(
-    services: Services,
-) -> None:
-    """At most one write per linger: a chunk queued when the last write is that old goes at
-    once (a lone stream's chunks wait for nothing); one queued sooner waits for the rest of the
-    interval."""
-    key = f"ftlinger{uuid.uuid4().hex[:8]}"
-    pipe = RedisPipe(services.redis_url, client_name="ftpipe-linger", linger_s=1.0)
-    await pipe.start()
-    client = aioredis.Redis.from_url(services.redis_url, decode_responses=True)
-    loop = asyncio.get_running_loop()
-    try:
-        await asyncio.sleep(1.05)  # the connect's write is a linger old
-        pipe.send((b"RPUSH", key.encode(), b"a"))
-        sent = loop.time()
-        while await client.llen(key) < 1:
-            assert loop.time() - sent < 0.5, "a chunk due was held for the linger"
-            await asyncio.sleep(0.01)
-        pipe.send((b"RPUSH", key.encode(), b"b"))  # within the interval of a's write
-        await asyncio.sleep(0.3)
-        assert await client.lrange(key, 0, -1) == ["a"]
-        for _ in range(500):  # up to 5 s
-            if await client.llen(key) == 2:
-                break
-            await asyncio.sleep(0.01)
-        assert await client.lrange(key, 0, -1) == ["a", "b"]
-    finally:
-        await pipe.close(grace_s=0.5)
-        await client.delete(key)
-        await client.aclose()
