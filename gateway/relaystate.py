@@ -22,6 +22,7 @@ from shared.protocol import (
     CHUNK_STARTED,
     CHUNK_TOKEN,
     DoneChunk,
+    chunk_model,
     decode_chunk,
     done_frame,
     dumps,
@@ -59,7 +60,8 @@ class RelayState:
     rename: bool = False
     # The chat worker running the job, as its `started` says (a takeover's names the new one).
     worker: str | None = None
-    # The model that answers, as the worker's `started` says before the first token.
+    # The model that answers, as the first token chunk's header says (or, from a worker of an
+    # earlier release, its `started` before the first token).
     model: str | None = None
 
     def feed(self, message: str, now: float) -> Step:
@@ -104,6 +106,8 @@ class RelayState:
             self.next_seq += 1
             if self.first_sent_at is None:
                 self.first_sent_at = now
+                # The worker's first token chunk names the model that answers (its header).
+                self.model = chunk_model(message) or self.model
             step.frames.append(self._renamed(payload) if self.rename else payload)
         elif kind == CHUNK_STARTED:
             self.started = True

@@ -420,6 +420,9 @@ def done_frame(chunk: DoneChunk, chat_id: str, timings: dict[str, float]) -> Don
 #   T<seq>:<n>\n<token frame>   the same; n: the answer's tokens up to and including this chunk,
 #                               what a worker taking the chat over continues from (a cache
 #                               replay's chunks carry none: it cannot be continued)
+#   T<seq>:<n>:<model>\n<frame> the same; the first token chunk a worker sends for a job also
+#                               names the model that answers (JSON-encoded: `auto` routed, or
+#                               a failover's), for a door whose every chunk names it (OpenAI's)
 #   D\n<done chunk json>        the gateway turns it into the `done` frame, then forwards
 #   E\n<error frame json>       forward; the job is over
 
@@ -437,8 +440,8 @@ class StartedChunk(TypedDict):
     # The chat worker running the job (its heartbeat name): the gateway watches its heartbeat,
     # and a worker taking the job over sends its own `started`.
     worker: NotRequired[str]
-    # The model that answers, sent once it is known, before the first token: a door whose
-    # every chunk names the model (OpenAI's) learns it here, `auto` routed (issue 42).
+    # The model that answers: a worker of an earlier release sent it here before the first
+    # token; a worker now names it in its first token chunk's header (below).
     model: NotRequired[str]
 
 
@@ -458,12 +461,21 @@ def encode_started(
     return dumps(chunk)
 
 
-def encode_chunk(kind: str, payload: str, seq: int | None = None, tokens: int | None = None) -> str:
+def encode_chunk(
+    kind: str,
+    payload: str,
+    seq: int | None = None,
+    tokens: int | None = None,
+    model: str | None = None,
+) -> str:
+    """One pub/sub message; `model` (with `tokens`) only on a worker's first token chunk."""
     if seq is None:
         return f"{kind}\n{payload}"
     if tokens is None:
         return f"{kind}{seq}\n{payload}"
-    return f"{kind}{seq}:{tokens}\n{payload}"
+    if model is None:
+        return f"{kind}{seq}:{tokens}\n{payload}"
+    return f"{kind}{seq}:{tokens}:{orjson.dumps(model).decode()}\n{payload}"
 
 
 def decode_chunk(message: str) -> tuple[str, int | None, str]:
@@ -477,5 +489,15 @@ def decode_chunk(message: str) -> tuple[str, int | None, str]:
 def chunk_tokens(message: str) -> int | None:
     """The answer's tokens up to a token chunk (its header's count), None where it has none."""
     header = message.partition("\n")[0]
-    count = header.partition(":")[2]
+    count = header.partition(":")[2].partition(":")[0]
     return int(count) if count else None
+
+
+def chunk_model(message: str) -> str | None:
+    """The answering model a token chunk's header names (a worker's first), None elsewhere."""
+    header = message.partition("\n")[0]
+    named = header.partition(":")[2].partition(":")[2]
+    if not named:
+        return None
+    model = orjson.loads(named)
+    return model if isinstance(model, str) else None

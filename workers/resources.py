@@ -15,6 +15,7 @@ import socket
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
@@ -99,8 +100,10 @@ class WorkerContext:
     _heartbeat_queues: tuple[str, ...] = ()
     _starting_queues: tuple[str, ...] = ()
 
-    @property
+    @cached_property
     def models(self) -> ModelTable:
+        """The model table, read on first use and then kept: looking it up per chat (several
+        times a chat) hashes and compares the whole settings."""
         return model_table(self.settings)
 
     def engine_for(self, spec: ModelSpec) -> Engine:

@@ -19,6 +19,11 @@ Ordering: Redis runs one connection's commands in the order they arrive, so ever
 through one pipe runs in the order it was sent, without waiting for each reply (a job's tokens,
 then its `done`).
 
+Merging: runs of one script queued back to back with :meth:`KeyedScript.merge` (every job's
+token chunks, whatever the job) go out as one EVALSHA with their keys and arguments one run
+after another, so Redis parses, looks up and starts the script once for all of them and sends
+one reply. Anything else queued closes the run of merged calls, so the order above holds.
+
 Faults: replies are matched to the calls in flight in order. An error reply goes to the call's
 future, or is logged when the call asked for no reply (a ``NOSCRIPT`` after a ``SCRIPT FLUSH``
 is handled like a lost connection, and so is a ``READONLY``: the server was demoted by a
@@ -55,10 +60,33 @@ log = logging.getLogger(__name__)
 Reply = asyncio.Future[object]
 
 
+# Most runs merged into one EVALSHA: Redis runs a script to its end before it serves another
+# client, so a long one would hold up every other client for all of its runs.
+MAX_MERGED_RUNS = 64
+
+
 @dataclass(slots=True)
 class _Call:
     command: bytes  # packed, sent again as is after a reconnect
     reply: Reply | None  # set to the answer, for the calls that want it
+    runs: int = 1  # the calls it stands for (merged runs), as max_pending counts them
+
+
+@dataclass(slots=True)
+class _Merged:
+    """Runs of one script queued back to back (see KeyedScript.merge), not yet packed."""
+
+    call: _Call  # in flight already; its command is packed when the run of calls closes
+    sha: bytes
+    keys: list[bytes]  # each run's keys as RESP bulk strings, one run after another
+    args: list[bytes]  # each run's arguments, likewise
+    key_count: int = 0
+    arg_count: int = 0
+
+    def pack(self) -> bytes:
+        head = bulks((b"EVALSHA", self.sha, b"%d" % self.key_count))
+        count = 3 + self.key_count + self.arg_count
+        return b"*%d\r\n%s%s%s" % (count, head, b"".join(self.keys), b"".join(self.args))
 
 
 class RedisPipe:
@@ -85,7 +113,9 @@ class RedisPipe:
         self._prompt = False  # a call someone awaits is queued: no lingering for it
         self._conn: RedisConnection | None = None
         self._buffer: list[bytes] = []
+        self._merged: _Merged | None = None  # the last call queued, while runs can join it
         self._in_flight: deque[_Call] = deque()  # written (or about to be), not yet answered
+        self._pending = 0  # the runs in _in_flight (a merged call counts each of its runs)
         self._wake = asyncio.Event()
         self._up = asyncio.Event()
         self._drained = asyncio.Event()  # set whenever nothing waits for a reply
@@ -129,21 +159,41 @@ class RedisPipe:
         self, command: bytes, reply: Reply | None = None, *, urgent: bool = False
     ) -> None:
         """:meth:`send` for a command already in RESP bytes (see :meth:`PipeScript.keyed`)."""
-        if not self._up.is_set():
-            down = time.monotonic() - (self._down_since or time.monotonic())
-            if down > self._down_fail_s:
-                raise ConnectionError(f"Redis has been unreachable for {down:.1f}s")
-        if len(self._in_flight) >= self._max_pending:
-            raise ConnectionError(
-                f"{len(self._in_flight)} commands wait for Redis; it is too slow or unreachable"
-            )
+        self._check_room()
+        if self._merged is not None:
+            self._close_merged()
         call = _Call(command, reply)
         self._in_flight.append(call)
+        self._pending += 1
         if self._up.is_set():
             self._buffer.append(call.command)
             if reply is not None:
                 self._prompt = True
                 urgent = urgent or self._lingering
+            if not (urgent and self._write_now()):
+                self._wake.set()
+
+    def send_merged(
+        self, sha: bytes, keys: bytes, key_count: int, args: Sequence[bytes], *, urgent: bool
+    ) -> None:
+        """Queue one run of the script `sha` (its keys already RESP bulk strings) that wants no
+        reply, merged with the runs of the same script queued just before it (see the module
+        docstring). `urgent` as for :meth:`send`."""
+        self._check_room()
+        merged = self._merged
+        if merged is None or merged.sha != sha or merged.call.runs >= MAX_MERGED_RUNS:
+            if merged is not None:
+                self._close_merged()
+            call = _Call(b"", None, 0)
+            self._in_flight.append(call)
+            merged = self._merged = _Merged(call, sha, [], [])
+        merged.call.runs += 1
+        self._pending += 1
+        merged.keys.append(keys)
+        merged.key_count += key_count
+        merged.args.append(bulks(args))
+        merged.arg_count += len(args)
+        if self._up.is_set():
             if not (urgent and self._write_now()):
                 self._wake.set()
 
@@ -172,6 +222,26 @@ class RedisPipe:
             await self._conn.aclose()
 
     # --- internals ------------------------------------------------------------------------
+    def _check_room(self) -> None:
+        """Raise ConnectionError where a new call must not wait (see the module docstring)."""
+        if not self._up.is_set():
+            down = time.monotonic() - (self._down_since or time.monotonic())
+            if down > self._down_fail_s:
+                raise ConnectionError(f"Redis has been unreachable for {down:.1f}s")
+        if self._pending >= self._max_pending:
+            raise ConnectionError(
+                f"{self._pending} commands wait for Redis; it is too slow or unreachable"
+            )
+
+    def _close_merged(self) -> None:
+        """Pack the open run of merged calls; it joins the buffer where the pipe is up (else
+        the reconnect sends it with every call in flight)."""
+        merged, self._merged = self._merged, None
+        assert merged is not None
+        merged.call.command = merged.pack()
+        if self._up.is_set():
+            self._buffer.append(merged.call.command)
+
     def _write_now(self) -> bool:
         """Hand the buffer to the socket's transport at once; False where the connection is
         closing (then the writer task sends it, after the reconnect). Order holds: the writer
@@ -179,6 +249,8 @@ class RedisPipe:
         conn = self._conn
         if conn is None or conn.closing:
             return False
+        if self._merged is not None:
+            self._close_merged()
         data, self._buffer = self._buffer, []
         conn.writelines(data)
         return True
@@ -192,11 +264,14 @@ class RedisPipe:
             await conn.aclose()
             raise
         self._conn = conn
+        if self._merged is not None:  # packed now: it goes with the calls in flight below
+            self._close_merged()
         # Everything not answered on the old connection goes again, in order, unless its
         # caller has stopped waiting.
         self._in_flight = deque(
             c for c in self._in_flight if c.reply is None or not c.reply.cancelled()
         )
+        self._pending = sum(call.runs for call in self._in_flight)
         self._buffer = [call.command for call in self._in_flight]
         self._down_since = None
         self.up_since = time.monotonic()
@@ -248,6 +323,8 @@ class RedisPipe:
                     self._lingering = False
             self._wake.clear()
             self._prompt = False
+            if self._merged is not None:
+                self._close_merged()
             data, self._buffer = self._buffer, []
             if data:
                 conn.writelines(data)
@@ -270,6 +347,7 @@ class RedisPipe:
                 if isinstance(answer, ResponseError):  # the one check a good reply costs
                     _check_reconnect(answer)
                     call = in_flight.popleft()
+                    self._pending -= call.runs
                     if call.reply is not None and not call.reply.done():
                         call.reply.set_exception(answer)
                     else:
@@ -277,6 +355,7 @@ class RedisPipe:
                         log.error("a pipelined Redis call failed: %s", answer)
                     continue
                 call = in_flight.popleft()
+                self._pending -= call.runs
                 if call.reply is not None and not call.reply.done():
                     call.reply.set_result(answer)
             if not in_flight:
@@ -334,13 +413,15 @@ class KeyedScript:
     """A :class:`PipeScript` bound to its keys (see :meth:`PipeScript.keyed`): a token chunk's
     command packed in about half the time of packing all eight of its parts each time."""
 
-    __slots__ = ("_head", "_pipe", "_size")
+    __slots__ = ("_head", "_key_count", "_keys", "_pipe", "_sha", "_size")
 
     def __init__(self, pipe: RedisPipe, sha: bytes, keys: Sequence[str]) -> None:
         self._pipe = pipe
+        self._sha = sha
+        self._key_count = len(keys)
         self._size = 3 + len(keys)  # EVALSHA, the sha, the key count, the keys
-        parts = (b"EVALSHA", sha, b"%d" % len(keys), *(k.encode() for k in keys))
-        self._head = bulks(parts)
+        self._keys = bulks([k.encode() for k in keys])
+        self._head = bulks((b"EVALSHA", sha, b"%d" % len(keys))) + self._keys
 
     def command(self, args: Sequence[bytes]) -> bytes:
         """One run's RESP bytes: the same as ``pack`` of the whole EVALSHA."""
@@ -351,3 +432,10 @@ class KeyedScript:
     ) -> None:
         """Queue one run with these (already encoded) arguments (see :meth:`PipeScript.send`)."""
         self._pipe.send_packed(self.command(args), reply, urgent=urgent)
+
+    def merge(self, args: Sequence[bytes], *, urgent: bool = False) -> None:
+        """Queue one run that wants no reply, sent in one EVALSHA with the runs of this script
+        (whatever their keys) queued just before and after it (see the module docstring). The
+        script must take any number of runs: KEYS and ARGV each one run's after another, as
+        many per run as here."""
+        self._pipe.send_merged(self._sha, self._keys, self._key_count, args, urgent=urgent)

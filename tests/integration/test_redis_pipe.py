@@ -52,9 +52,16 @@ async def _received(pubsub: aioredis.client.PubSub, count: int, timeout: float =
     return out
 
 
-def _send(chunks: PipeScript, ch: str, stream: str, messages: list[str]) -> None:
+def _send(
+    chunks: PipeScript, ch: str, stream: str, messages: list[str], *, merged: bool = False
+) -> None:
+    """Each message a run of the script, or, `merged`, runs merged as the publisher sends them."""
+    keyed = chunks.keyed((ch, stream))
     for i, message in enumerate(messages):
-        chunks.send((ch, stream), (message, "100", "60" if i == 0 else "0"))
+        if merged:
+            keyed.merge((message.encode(), b"100", b"60" if i == 0 else b"0"))
+        else:
+            chunks.send((ch, stream), (message, "100", "60" if i == 0 else "0"))
 
 
 def test_a_keyed_script_packs_the_same_command() -> None:
@@ -66,16 +73,17 @@ def test_a_keyed_script_packs_the_same_command() -> None:
     assert script.keyed(("k",)).command(()) == pack((b"EVALSHA", sha, b"1", b"k"))
 
 
-@pytest.mark.parametrize("keyed", [False, True], ids=["script", "keyed"])
+@pytest.mark.parametrize("how", ["script", "keyed", "merged"])
 async def test_chunks_arrive_in_order_on_channel_and_replay_stream(
-    services: Services, channel: tuple[str, str, aioredis.client.PubSub], keyed: bool
+    services: Services, channel: tuple[str, str, aioredis.client.PubSub], how: str
 ) -> None:
     ch, stream, pubsub = channel
     pipe, chunks = await _open(services)
     try:
         messages = [f"T{i}\nchunk {i}" for i in range(2000)]
-        if keyed:
-            send = chunks.keyed((ch, stream)).send
+        if how != "script":
+            keyed = chunks.keyed((ch, stream))
+            send = keyed.send if how == "keyed" else keyed.merge
             for i, message in enumerate(messages):
                 send((message.encode(), b"100", b"60" if i == 0 else b"0"))
         else:
@@ -108,8 +116,9 @@ async def test_idle_connection_survives_redis_clients_default_timeout(
         await pipe.close()
 
 
+@pytest.mark.parametrize("merged", [False, True], ids=["runs", "merged"])
 async def test_killed_connection_reconnects_and_loses_nothing(
-    services: Services, channel: tuple[str, str, aioredis.client.PubSub]
+    services: Services, channel: tuple[str, str, aioredis.client.PubSub], merged: bool
 ) -> None:
     ch, stream, pubsub = channel
     name = f"ftpipe-{uuid.uuid4().hex[:8]}"
@@ -122,7 +131,7 @@ async def test_killed_connection_reconnects_and_loses_nothing(
         ids = [c["id"] for c in await admin.client_list() if c.get("name") == name]
         assert len(ids) == 1
         assert await admin.client_kill_filter(_id=ids[0]) == 1
-        _send(chunks, ch, stream, [f"after {i}" for i in range(50)])
+        _send(chunks, ch, stream, [f"after {i}" for i in range(50)], merged=merged)
         got = await _received(pubsub, 50, timeout=10.0)
         # Order kept; a chunk in flight at the cut may come twice (the gateway drops it by seq).
         assert list(dict.fromkeys(got)) == [f"after {i}" for i in range(50)]
@@ -131,15 +140,16 @@ async def test_killed_connection_reconnects_and_loses_nothing(
         await pipe.close()
 
 
+@pytest.mark.parametrize("merged", [False, True], ids=["runs", "merged"])
 async def test_flushed_script_cache_is_reloaded(
-    services: Services, channel: tuple[str, str, aioredis.client.PubSub]
+    services: Services, channel: tuple[str, str, aioredis.client.PubSub], merged: bool
 ) -> None:
     ch, stream, pubsub = channel
     pipe, chunks = await _open(services)
     admin = aioredis.Redis.from_url(services.redis_url)
     try:
         await admin.script_flush()
-        _send(chunks, ch, stream, ["a", "b", "c"])
+        _send(chunks, ch, stream, ["a", "b", "c"], merged=merged)
         got = await _received(pubsub, 3, timeout=10.0)
         assert list(dict.fromkeys(got)) == ["a", "b", "c"]
         assert pipe.errors == 0
@@ -293,3 +303,48 @@ async def test_linger_holds_chunks_until_an_awaited_call_or_urgent_one(services:
         await pipe.close(grace_s=0.5)
         await client.delete(key)
         await client.aclose()
+
+
+async def test_merged_chunks_of_several_jobs_go_as_one_call_in_the_order_sent(
+    tmp_path: Path,
+) -> None:
+    """Chunks of two jobs queued back to back are one EVALSHA (a private Redis counts them);
+    a plain command between them closes the run, and everything keeps the order sent."""
+    port = free_port()
+    server = throwaway_redis_server(port, tmp_path)
+    url = f"redis://127.0.0.1:{port}/0"
+    pipe = RedisPipe(url)
+    chunks = pipe.script(scripts.CHUNK_SEND)
+    client = aioredis.Redis.from_url(url, decode_responses=True)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    try:
+        await pubsub.subscribe("a:ch", "b:ch")
+        await pipe.start()
+        a, b = chunks.keyed(("a:ch", "a:replay")), chunks.keyed(("b:ch", "b:replay"))
+        await client.config_resetstat()
+        for i in range(6):
+            a.merge((b"a%d" % i, b"100", b"60" if i == 0 else b"0"))
+            b.merge((b"b%d" % i, b"100", b"60" if i == 0 else b"0"))
+            if i == 2:
+                pipe.send((b"PUBLISH", b"a:ch", b"plain"))
+        await asyncio.wait_for(pipe.flush(), 5.0)
+        got: list[tuple[str, str]] = []
+        async with asyncio.timeout(5):
+            while len(got) < 13:
+                msg = await pubsub.get_message(timeout=0.2)
+                if msg is not None and msg["type"] == "message":
+                    got.append((msg["channel"], msg["data"]))
+        assert [data for ch, data in got if ch == "a:ch"] == [
+            *("a0", "a1", "a2", "plain", "a3", "a4", "a5")
+        ]
+        assert [data for ch, data in got if ch == "b:ch"] == [f"b{i}" for i in range(6)]
+        assert [e[1]["m"] for e in await client.xrange("b:replay")] == [f"b{i}" for i in range(6)]
+        assert 0 < await client.ttl("a:replay") <= 60
+        stats = await client.info("commandstats")
+        assert stats["cmdstat_evalsha"]["calls"] == 2
+    finally:
+        await pipe.close(grace_s=0.5)
+        await pubsub.aclose()
+        await client.aclose()
+        server.terminate()
+        server.wait(10)

@@ -23,7 +23,8 @@ from shared.redis.pipe import PipeScript
 class JobPublisher:
     """Sends one job's messages; every message goes to the channel and the replay stream in one
     script call (`chunks`: shared/redis/scripts/chunk_send.lua on the process's pipe), so a
-    gap or a reconnect can be repaired from the stream.
+    gap or a reconnect can be repaired from the stream. The calls of every job queued back to
+    back go out as one (shared/redis/pipe.py `KeyedScript.merge`).
 
     Sending only queues the call on the process's Redis pipe (shared/redis/pipe.py), so the
     send methods are plain functions: nothing between two chunks yields to the loop, and a job's
@@ -44,9 +45,10 @@ class JobPublisher:
         self._ttl = b"%d" % replay_ttl_s
         self._channel = keys.job_channel(job_id)
         self._stream = keys.replay_stream(job_id)
-        self._send = chunks.keyed((self._channel, self._stream)).send
+        self._send = chunks.keyed((self._channel, self._stream)).merge
         self._chat_id = chat_id
         self._expiry_set = False
+        self._model: str | None = None  # named by the next token chunk (see name_model)
         self.next_seq = 0
 
     def send(self, message: str, *, urgent: bool = False) -> None:
@@ -70,12 +72,23 @@ class JobPublisher:
         script.send((started, self._maxlen, self._ttl), cancelled)
         return cancelled
 
+    def name_model(self, model: str) -> None:
+        """The model that answers (`auto` routed, a failover's), named in the next token
+        chunk's header: a door whose every chunk names the model (OpenAI's, issue 42) learns
+        it with the first token, in the same message (not a `started` of its own)."""
+        self._model = model
+
     def token(self, text: str, tokens: int | None = None) -> None:
         """One token chunk; the answer's first is written at once (the client waits on it).
         `tokens`: the answer's tokens so far, for a worker that may have to continue it."""
         seq = self.next_seq
         self.next_seq += 1
-        message = encode_chunk(CHUNK_TOKEN, encode_token(self._chat_id, seq, text), seq, tokens)
+        frame = encode_token(self._chat_id, seq, text)
+        if self._model is None:
+            message = encode_chunk(CHUNK_TOKEN, frame, seq, tokens)
+        else:
+            message = encode_chunk(CHUNK_TOKEN, frame, seq, tokens, self._model)
+            self._model = None
         self.send(message, urgent=seq == 0)
 
     def done(self, chunk: DoneChunk) -> None:

@@ -33,7 +33,7 @@ from shared.errors import (
     error_frame,
 )
 from shared.keys import CHAT_TASK
-from shared.protocol import CHUNK_STARTED, DoneChunk, Usage, done_chunk, encode_started
+from shared.protocol import DoneChunk, Usage, done_chunk
 from shared.tasks import ChatJob, TaskCall
 from workers import retrieval
 from workers.app import app
@@ -413,10 +413,6 @@ class ChatRun:
                 assert first_ready is not None
                 first_ready.set()
                 await go.wait()
-            # The model that answers (`auto` routed, a failover's), ahead of the first token
-            # and in the same write: the OpenAI door names it in every chunk (issue 42).
-            started = encode_started(time.time(), model=self.generation.model)
-            self.publisher.control(CHUNK_STARTED, started)
             return await self._stream_answer(first, deltas)
 
     async def _stream_answer(
@@ -432,6 +428,8 @@ class ChatRun:
             if delta.text:
                 if "engine_first_token" not in self.points:
                     self.points["engine_first_token"] = time.time()
+                    # The first token chunk names the model that answers it.
+                    self.publisher.name_model(self.model)
                 self.completion_tokens += 1
                 self.stream.add(delta.text)
             if delta.finish_reason is not None:

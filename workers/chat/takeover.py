@@ -18,6 +18,7 @@ from shared.protocol import (
     CHUNK_STARTED,
     CHUNK_TOKEN,
     Message,
+    chunk_model,
     chunk_tokens,
     decode_chunk,
 )
@@ -45,8 +46,9 @@ class Takeover:
     text: str = ""
     next_seq: int = 0
     tokens: int = 0
-    # The model the dead worker had moved to before its first token (its last `started`
-    # says), which must write the rest; None: the chat's own model.
+    # The model the dead worker answered with (its first token chunk names it; a worker of
+    # an earlier release, its last `started` before it), which must write the rest; None: the
+    # chat's own model.
     model: str | None = None
 
 
@@ -68,6 +70,8 @@ def plan_takeover(log: Iterable[str]) -> Takeover:
         if seq > next_seq:
             return Takeover("fail", "".join(texts), next_seq, tokens)  # a hole: never guessed
         texts.append(str(orjson.loads(payload)["text"]))
+        if next_seq == 0:  # the first token chunk names the model that answers
+            model = chunk_model(message) or model
         next_seq += 1
         count = chunk_tokens(message)
         if count is None:

@@ -143,6 +143,17 @@ def test_the_last_follower_giving_up_after_an_end_does_not_cancel() -> None:
     assert followers.leave("b", ended=False) == Leave(unsubscribe=True, cancel=False, settle=False)
 
 
+def test_the_answering_model_comes_from_the_first_token_chunks_header() -> None:
+    """The frame goes out as it came (the header is the worker's, not the client's); a later
+    chunk naming no model leaves it."""
+    s = RelayState("c", received_at=100.0, model="asked")
+    first = encode_chunk("T", encode_token("c", 0, "x"), 0, 1, "large")
+    assert s.feed(first, 100.01).frames == [encode_token("c", 0, "x")]
+    assert s.model == "large"
+    assert s.feed(encode_chunk("T", encode_token("c", 1, "y"), 1, 2), 100.02).frames
+    assert s.model == "large"
+
+
 def test_the_answering_model_comes_from_the_started_before_the_first_token() -> None:
     """`auto` routed: the worker's `started` names the model; the worker's own one does not
     erase it, and nothing is forwarded for either."""

@@ -17,6 +17,7 @@ from shared.protocol import (
     CHUNK_STARTED,
     CHUNK_TOKEN,
     Message,
+    chunk_model,
     chunk_tokens,
     decode_chunk,
     encode_chunk,
@@ -50,6 +51,17 @@ def test_a_token_chunk_carries_its_count_and_still_decodes_to_its_seq() -> None:
     assert chunk_tokens(message) == 12
     assert chunk_tokens(token(7, "x", None)) is None
     assert decode_chunk(token(7, "x", None))[1] == 7
+
+
+def test_a_workers_first_token_chunk_names_the_answering_model_in_its_header() -> None:
+    """Any name (colons, a newline) survives the header; the count and the seq still read."""
+    for model in ("large", "llama3.1:8b", "odd\nname"):
+        frame = encode_token("c", 0, "Lorem")
+        message = encode_chunk(CHUNK_TOKEN, frame, 0, 1, model)
+        assert decode_chunk(message) == (CHUNK_TOKEN, 0, frame)
+        assert (chunk_tokens(message), chunk_model(message)) == (1, model)
+    assert chunk_model(token(1, "x", 2)) is None
+    assert chunk_model(token(1, "x", None)) is None
 
 
 def test_the_started_chunk_names_its_worker() -> None:
@@ -189,6 +201,13 @@ def test_a_chat_still_streaming_is_alive_whatever_its_workers_beat_says() -> Non
     assert verdict == "alive"
     quiet = owner_verdict("a", beats, checked_at=100.0, lost_s=2.0, quiet_s=1.5, min_quiet_s=1)
     assert quiet == "give_up"
+
+
+def test_a_routed_chat_is_continued_by_the_model_its_first_token_chunk_named() -> None:
+    moved = encode_chunk(CHUNK_STARTED, encode_started(2.0, {"from": "big", "to": "small"}))
+    first = encode_chunk(CHUNK_TOKEN, encode_token("c", 0, "Lorem"), 0, 1, "large")
+    plan = plan_takeover([STARTED, moved, first, token(1, " ipsum", 2)])
+    assert (plan.kind, plan.model, plan.text) == ("continue", "large", "Lorem ipsum")
 
 
 def test_a_routed_chat_is_continued_by_the_model_its_started_named_before_the_first_token() -> None:
