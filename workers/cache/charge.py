@@ -38,14 +38,13 @@ from typing import Literal
 
 from shared.keys import Keys
 from shared.modeltable import ModelTable
-from shared.pricing import request_cost
 from shared.protocol import Message
 from shared.ratewindow import WINDOW_MS, estimate_prompt_tokens
 from shared.redis import scripts
 from shared.settings import Settings
 from shared.tasks import ChatJob, UsageRecord
 from shared.timing import elapsed_ms
-from shared.usage_row import prices_of
+from shared.usage_row import usage_row as shared_usage_row
 from workers.resources import WorkerContext
 
 Call = Literal["reask", "judge"]
@@ -108,29 +107,44 @@ def usage_row(
     started: float,
     finished: float,
 ) -> UsageRecord:
-    """The call's usage row: billed to the chat's tenant and key, marked door ``verify``."""
-    prompt = answered.prompt_tokens if answered.prompt_tokens is not None else prompt_estimate
-    completion = answered.completion_tokens or 0
-    cost = request_cost(prices_of(models, model), prompt, completion, answered.cached_prompt_tokens)
-    return UsageRecord(
-        request_id=request_id(job, call),
-        tenant_id=job.tenant_id,
-        key_id=job.key_id,
+    """The call's usage row: billed to the chat's tenant and key, marked door ``verify``; built
+    by the one builder of every usage row (shared/usage_row.py), as the call's own job."""
+    ending = _Ending(
         model=model,
-        route=ROUTES[call],
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        total_ms=elapsed_ms(finished, started),
         finish_reason=answered.finish_reason,
-        status="ok",
-        created_at=finished,
-        cost=cost,
-        end_user=job.user,
-        tags=job.tags,
-        conversation_id=job.conversation_id,
+        route=ROUTES[call],
+        prompt_tokens=(
+            answered.prompt_tokens if answered.prompt_tokens is not None else prompt_estimate
+        ),
+        completion_tokens=answered.completion_tokens or 0,
         cached_prompt_tokens=answered.cached_prompt_tokens,
-        door=DOOR,
     )
+    own = job.model_copy(update={"job_id": request_id(job, call), "door": DOOR})
+    return shared_usage_row(
+        models,
+        own,
+        ending,
+        queue_ms=None,
+        ttft_ms=None,
+        total_ms=elapsed_ms(finished, started),
+        now=finished,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Ending:
+    """How a verification call ended, as shared/usage_row.py's Ending reads it: answered, by
+    the engine, no cache lookup of its own."""
+
+    model: str
+    finish_reason: str
+    route: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int | None
+    status: str = "ok"
+    cached: bool = False
+    cache_tier: str | None = None
 
 
 class Charges:
