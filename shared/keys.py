@@ -19,6 +19,9 @@ SUMMARIZE_TASK = "firsttoken.summarize"
 # A draft's prefill (issue 34): on the chat queue's lowest-priority list, read by the chat pool
 # only when no chat waits (workers/chat/prefill.py).
 PREFILL_TASK = "firsttoken.prefill"
+# A sample of the semantic cache's hits checked against the engine (issue 45): on the bulk
+# queue's lowest-priority list, read by a bulk worker after every durable write waiting.
+CACHE_VERIFY_TASK = "firsttoken.cache_verify"
 # kombu's Redis transport keeps a queue's priority p > 0 messages in QUEUE + this + p, and reads
 # them after those of every higher priority (kombu.transport.redis Channel.sep, PRIORITY_STEPS).
 KOMBU_PRIORITY_SEP = "\x06\x16"
@@ -37,6 +40,10 @@ class Keys:
     def queue_list(self, queue: str) -> str:
         """The Redis list kombu reads a queue from (priority 0)."""
         return f"{self.celery_keyprefix}{queue}"
+
+    def verify_list(self) -> str:
+        """The bulk queue's lowest-priority list: cache verifications wait behind the writes."""
+        return f"{self.queue_list(BULK_QUEUE)}{KOMBU_PRIORITY_SEP}{LOWEST_PRIORITY}"
 
     def draft_list(self) -> str:
         """The chat queue's lowest-priority list: drafts wait here behind every chat."""

@@ -76,6 +76,28 @@ class DraftJob(BaseModel):
     enqueued_at: float
 
 
+class VerifyJob(BaseModel):
+    """A semantic hit (or near miss) to check against the engine (issue 45); travels as the
+    `check` kwarg of the cache-verify task, from a chat worker to a bulk worker.
+
+    ``fresh`` is the engine's own answer where the chat has it already (a near miss: the
+    lookup fell just under the threshold and the engine answered); else the bulk worker asks
+    the engine again."""
+
+    model_config = _PAYLOAD
+
+    chat: ChatJob  # the chat whose lookup it was: tenant, key, limits, the question
+    model: str  # the model the chat was answered for
+    question: str
+    score: float  # the lookup's score, as the threshold compared it
+    entry_id: str
+    cached_answer: str
+    cached_model: str
+    near: bool = False
+    fresh: str | None = None
+    sampled_at: float
+
+
 class UsageRecord(BaseModel):
     """One row of `usage_events`; idempotent on request_id."""
 

@@ -17,6 +17,7 @@ from kombu.messaging import Consumer
 
 from shared.keys import (
     BULK_QUEUE,
+    CACHE_VERIFY_TASK,
     CHAT_QUEUE,
     CHAT_TASK,
     PERSIST_MESSAGES_TASK,
@@ -61,7 +62,12 @@ class TaskAMQP(AMQP):  # type: ignore[misc]  # celery ships no annotations
 app = Celery(
     "firsttoken",
     broker=celery_broker_url(settings.redis_url),
-    include=["workers.chat.run", "workers.bulk.persist", "workers.summarize"],
+    include=[
+        "workers.chat.run",
+        "workers.bulk.persist",
+        "workers.bulk.verify",
+        "workers.summarize",
+    ],
     amqp=TaskAMQP,
 )
 app.conf.update(
@@ -96,6 +102,7 @@ app.conf.update(
         PERSIST_USAGE_TASK: {"queue": BULK_QUEUE},
         PERSIST_USAGE_BATCH_TASK: {"queue": BULK_QUEUE},
         PERSIST_MESSAGES_TASK: {"queue": BULK_QUEUE},
+        CACHE_VERIFY_TASK: {"queue": BULK_QUEUE},
         SUMMARIZE_TASK: {"queue": SUMMARIZE_QUEUE},
     },
     # Never prefork: each process has its one loop (workers/runtime.py), started at worker_init,

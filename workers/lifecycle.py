@@ -93,6 +93,12 @@ async def _stop_cache_stage(ctx: WorkerContext) -> None:
     await close_stage(ctx)
 
 
+async def _stop_cache_checker(ctx: WorkerContext) -> None:
+    checker, ctx.cache_checker = ctx.cache_checker, None
+    if checker is not None:
+        await checker.close()
+
+
 async def _stop_kb(ctx: WorkerContext) -> None:
     kb, ctx.kb = ctx.kb, None
     if kb is not None:
@@ -138,6 +144,7 @@ STEPS: tuple[Step[WorkerContext], ...] = (
     Step("starting-mark", WorkerContext.announce_starting, None, ("redis",), CHAT),
     Step("cache-stage", None, _stop_cache_stage, ("redis",), CHAT),
     Step("kb", None, _stop_kb, ("database",), CHAT),
+    Step("cache-checker", None, _stop_cache_checker, ("redis",), frozenset({BULK_QUEUE})),
     Step(
         "heartbeat",
         WorkerContext.start_heartbeat,

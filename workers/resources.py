@@ -92,6 +92,8 @@ class WorkerContext:
     # The cache stage (workers/cache/stage.py): built by the first lookup or the warm-up,
     # under its lock, closed by the lifecycle's cache-stage step.
     cache_stage: Part | None = None
+    # A bulk worker's checks of cache hits (workers/cache/checker.py), made by the first one.
+    cache_checker: Part | None = None
     # The knowledge base's embedder and indexes (workers/retrieval/sources.py KbState).
     kb: Part | None = None
     cache_stage_lock: asyncio.Lock = field(default_factory=asyncio.Lock)

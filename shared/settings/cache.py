@@ -82,7 +82,11 @@ class CacheSettings(BaseModel):
         10.0, gt=0, description="How often a worker re-reads a tenant's verdicts."
     )
     cache_verify_concurrency: int = Field(
-        1, ge=1, le=64, description="Background verifications one worker process runs at once."
+        4,
+        ge=1,
+        le=64,
+        description="Cache verifications one bulk worker process runs at once; a sampled hit "
+        "that finds every slot taken is skipped (counted as skipped_busy), never queued.",
     )
     cache_verify_priority: int | None = Field(
         None,

@@ -1,8 +1,10 @@
 """A chat worker's cache stage and its online verifier on real Redis, without a worker process.
 
 The stage is the worker's own (workers/cache/stage.py CacheStage, which creates the
-OnlineVerifier); what stands in is the worker context around it (settings, keys, the Redis
-client and the engines: the engines the settings name, or one given) and the embedding model
+OnlineVerifier), and its checks run through a bulk worker's own checker
+(workers/cache/checker.py) in the same process instead of the bulk queue; what stands in is
+the worker context around it (settings, keys, the Redis client and the engines: the engines
+the settings name, or one given) and the embedding model
 (a stand-in with the default model's name, so the shipped threshold applies, that never embeds
 for real: the judges under test here do not use it).
 """
@@ -23,7 +25,8 @@ from shared.keys import Keys
 from shared.modeltable import ModelSpec, ModelTable, model_table
 from shared.protocol import Message
 from shared.settings import Settings
-from shared.tasks import ChatJob, UsageRecord
+from shared.tasks import ChatJob, UsageRecord, VerifyJob
+from workers.cache.checker import Checker
 from workers.cache.stage import CacheStage
 from workers.cache.store import NewEntry, StoredAnswer
 from workers.engines.base import Engine
@@ -95,7 +98,16 @@ async def verifying_stage(
     }
     redis = aioredis.from_url(redis_url, decode_responses=True)
     ctx = VerifierContext(Settings(**values), Keys(prefix), redis, engine)
-    stage = CacheStage(cast(WorkerContext, ctx), cast(Any, StandInEmbedder()))
+    worker = cast(WorkerContext, ctx)
+    checks: list[Checker] = []
+
+    def send(check: VerifyJob) -> None:
+        # In place of the bulk queue and a bulk worker's task (workers/bulk/verify.py): the
+        # bulk worker's checker, run as the stage's background work, over the same JSON.
+        stage.background(checks[0].check(VerifyJob.model_validate_json(check.model_dump_json())))
+
+    stage = CacheStage(worker, cast(Any, StandInEmbedder()), send)
+    checks.append(Checker(worker, stage.embed))
     assert stage.online.enabled
     try:
         yield stage

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -15,7 +16,7 @@ import pytest
 from gateway.ratelimit import RateLimiter
 from gateway.rates import Limits
 from shared.redis.pipe import RedisPipe
-from shared.tasks import ChatJob, UsageRecord
+from shared.tasks import ChatJob, UsageRecord, VerifyJob
 from tests.integration.cacheverify import (
     UsageRows,
     chat_job,
@@ -25,6 +26,7 @@ from tests.integration.cacheverify import (
 )
 from tests.integration.conftest import Services
 from tests.support import ROOT
+from workers.cache.checker import MAX_WAIT_S, Checker
 from workers.cache.online import parse_yes_no, threshold_in_force
 from workers.cache.stage import CacheStage
 from workers.engines.base import Delta, EngineRequest
@@ -346,7 +348,9 @@ async def test_a_sample_that_finds_every_slot_busy_is_skipped_and_counted(
     """One verification at a time: a second sampled hit replayed while the first is still
     with the engine is counted as skipped (busy), never queued."""
     engine = JudgedEngine()
-    async with verifying_stage(services.redis_url, engine=engine) as stage:
+    async with verifying_stage(
+        services.redis_url, engine=engine, cache_verify_concurrency=1
+    ) as stage:
         hit = await put_answer(stage, "t", "How do I reset my password?", CACHED)
         jobs = [chat_job("t", "How can I reset my password?") for _ in range(2)]
         for job in jobs:
@@ -357,3 +361,30 @@ async def test_a_sample_that_finds_every_slot_busy_is_skipped_and_counted(
         got = await stats(stage, "t")
     assert len(engine.calls) == 1
     assert (got["skipped"], got["skipped_busy"]) == ("1", "1") and "skipped_limit" not in got
+
+
+async def test_a_check_that_waited_too_long_in_the_bulk_queue_is_skipped(
+    services: Services,
+) -> None:
+    """After a backlog (the bulk pool held up by a database outage), a check sampled more than
+    MAX_WAIT_S ago is skipped and counted as busy, never sent to the engine."""
+    engine = JudgedEngine()
+    async with verifying_stage(services.redis_url, engine=engine) as stage:
+        hit = await put_answer(stage, "t", "How do I reset my password?", CACHED)
+        job = chat_job("t", "How can I reset my password?")
+        sent: list[VerifyJob] = []
+        stage.online._send = sent.append
+        stage.online.hit(job, "sim", hit, 0.98)
+        stage.online.replayed(job)
+        (check,) = sent
+        assert (check.entry_id, check.score, check.fresh, check.near) == (
+            hit.entry_id,
+            0.98,
+            None,
+            False,
+        )
+        late = check.model_copy(update={"sampled_at": time.time() - MAX_WAIT_S - 1})
+        await Checker(cast(Any, stage.online.ctx), stage.embed).check(late)
+        got = await stats(stage, "t")
+    assert engine.calls == []
+    assert (got["skipped"], got["skipped_busy"]) == ("1", "1") and "verified" not in got

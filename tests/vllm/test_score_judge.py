@@ -129,7 +129,7 @@ async def test_the_score_judge_gets_its_verdicts_from_vllm(
         for n, (_, cached, fresh) in enumerate((scores[0], scores[-1])):
             near = await put_answer(stage, "t1", f"question {n}", cached)
             job = chat_job("t1", f"question {n}")
-            stage.online.near_miss(job, f"question {n}", near, 0.95, fresh)
+            stage.online.near_miss(job, "sim", f"question {n}", near, 0.95, fresh)
         await _settle(stage)
         got = await stats(stage, "t1")
         verdicts = await stage.online.store.read("t1")

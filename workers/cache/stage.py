@@ -26,7 +26,7 @@ from workers.cache.folds import shipped_threshold
 from workers.cache.index import Vector
 from workers.cache.policy import Policy, Query, judge, scored, servable, storable
 from workers.cache.store import CacheStore, NewEntry, StoredAnswer
-from workers.cache.verification import OnlineVerifier
+from workers.cache.verification import OnlineVerifier, Send
 from workers.cache.verify import NAME as VERIFIER
 from workers.cache.verify import dictionary, table_key
 from workers.chat.publish import JobPublisher
@@ -93,7 +93,10 @@ def _static(settings: Settings, embedder: str) -> tuple[float, str]:
 
 
 class CacheStage:
-    def __init__(self, ctx: WorkerContext, embedder: Embedder | None) -> None:
+    def __init__(
+        self, ctx: WorkerContext, embedder: Embedder | None, send_check: Send | None = None
+    ) -> None:
+        """``send_check`` takes the verifier's checks (default: to the bulk queue)."""
         settings = ctx.settings
         self.settings = settings
         self.embedder = embedder
@@ -111,7 +114,7 @@ class CacheStage:
         )
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="embed")
         self._pending: set[asyncio.Task[None]] = set()
-        self.online = OnlineVerifier(ctx, self)
+        self.online = OnlineVerifier(ctx, self, send_check)
 
     async def embed(self, texts: list[str]) -> list[Vector]:
         assert self.embedder is not None
@@ -242,6 +245,7 @@ class CacheStage:
         if lookup.near is not None and lookup.query is not None and status == "ok" and answer:
             self.online.near_miss(
                 job,
+                model,
                 lookup.query.raw_question,
                 lookup.near,
                 lookup.near_score,

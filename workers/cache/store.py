@@ -271,16 +271,7 @@ class CacheStore:
 
     async def drop(self, tenant: str, entry_id: str) -> None:
         """Drop one entry everywhere (judged wrong by a verification)."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zrem(self.keys.cache_lru(tenant), entry_id)
-            pipe.delete(self.keys.cache_entry(entry_id))
-            pipe.xadd(
-                self.keys.cache_events,
-                {"op": "del", "id": entry_id},
-                maxlen=EVENTS_MAXLEN,
-                approximate=True,
-            )
-            await pipe.execute()
+        await drop_entry(self.redis, self.keys, tenant, entry_id)
         self.index.remove(int(entry_id))
 
     async def evict(self, tenant: str, count: int) -> list[str]:
@@ -302,3 +293,15 @@ class CacheStore:
         for entry_id in ids:
             self.index.remove(int(entry_id))
         return ids
+
+
+async def drop_entry(redis: aioredis.Redis, keys: Keys, tenant: str, entry_id: str) -> None:
+    """Drop one entry from Redis and tell every process's index (its events stream): what a
+    process without an index of its own (a bulk worker's verification) can do."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zrem(keys.cache_lru(tenant), entry_id)
+        pipe.delete(keys.cache_entry(entry_id))
+        pipe.xadd(
+            keys.cache_events, {"op": "del", "id": entry_id}, maxlen=EVENTS_MAXLEN, approximate=True
+        )
+        await pipe.execute()

@@ -1,48 +1,38 @@
-"""The chat worker's online verification of semantic hits (issue 45): the I/O around
-workers/cache/online.py. One per cache stage.
+"""The chat worker's side of online verification (issue 45): sampling semantic hits, sending
+them to be checked, and the threshold in force per tenant. One per cache stage.
 
-A sampled semantic hit is asked of the engine again *after* its replay ended (the chat is
-done; nothing on the user's path waits for it), on this process's loop, at most
-``cache_verify_concurrency`` at once: a sample that finds every slot busy is skipped, so
-verification never queues up behind a busy engine. A near miss's candidate is compared with the
-answer the engine gave anyway. Verdicts go to Redis per tenant (workers/cache/verdicts.py); the
-threshold in force per tenant is re-read every ``cache_verify_refresh_s``.
-
-Each engine call a verification makes (the re-ask, the LLM judge's question) is charged to the
-tenant's rate limits before it is sent and billed once answered (workers/cache/charge.py says
-how and why); one the tenant's limits refuse is skipped, as is a sample that finds every slot
-busy, and both are counted per tenant (`firsttoken cache report`). The sample rate, the
-concurrency cap and the tenant's own limits bound what verification costs.
-
-With ``cache_verify_priority`` set, the engine calls carry that vLLM request priority, so a
-vLLM scheduling by priority runs the chats' requests (priority 0) ahead of them; unset (the
-default, for an engine that schedules first come, first served), they compete as equals once
-sent.
+A sampled semantic hit, once its replay ended (the chat is done; nothing on the user's path
+waits for it), and every near miss, once its chat's answer is in, go as a `VerifyJob` to the
+bulk queue's lowest-priority list: a bulk worker asks the engine and judges
+(workers/cache/checker.py), so no engine call, judge or embedding of a verification runs in the
+process that relays tokens. The job is queued on the worker's Redis pipe, like the chat's own
+writes: no round trip, held through a Redis outage. Verdicts come back through Redis per
+tenant (workers/cache/verdicts.py); the threshold in force per tenant is re-read every
+``cache_verify_refresh_s``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Protocol
 
-import numpy as np
-
+from shared.keys import BULK_QUEUE, CACHE_VERIFY_TASK
 from shared.metrics import recorder
-from shared.protocol import Message
-from shared.tasks import ChatJob
-from workers.cache.charge import Answered, Call, Charges, charged, request_id, reservation
-from workers.cache.index import Vector
-from workers.cache.online import Rule, agrees, parse_score, parse_yes_no, threshold_in_force
+from shared.tasks import ChatJob, VerifyJob, task_message
+from workers.cache.online import Rule, threshold_in_force
 from workers.cache.policy import Policy
-from workers.cache.store import CacheStore, StoredAnswer
+from workers.cache.store import StoredAnswer
 from workers.cache.verdicts import VerdictStore
 from workers.embeddings.base import Embedder
-from workers.engines.base import EngineRequest
 from workers.resources import WorkerContext
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[VerifyJob], None]
 
 
 class VerifiedStage(Protocol):
@@ -50,25 +40,29 @@ class VerifiedStage(Protocol):
     creates the verifier: a protocol, so the two modules do not import each other)."""
 
     policy: Policy
-    store: CacheStore
     embedder: Embedder | None
 
     def background(self, coro: object) -> None: ...
 
-    async def embed(self, texts: list[str]) -> list[Vector]: ...
 
+def enqueue(ctx: WorkerContext) -> Send:
+    """Sending a check to the bulk pool, on the worker's pipe (a lost one is a lost sample)."""
+    queue = ctx.keys.verify_list().encode()
 
-log = logging.getLogger(__name__)
+    def send(check: VerifyJob) -> None:
+        message = task_message(
+            CACHE_VERIFY_TASK, {"check": check.model_dump()}, queue=BULK_QUEUE, origin=ctx.name
+        )
+        try:
+            ctx.pipe.send((b"LPUSH", queue, message.encode()))
+        except ConnectionError:
+            log.warning("Redis unreachable: a cache verification was not sent")
 
-VERIFY_TIMEOUT_S = 120.0
-LLM_JUDGE_PROMPT = (
-    "Question: {question}\n\nAnswer A: {a}\n\nAnswer B: {b}\n\n"
-    "Do answers A and B give the same answer to the question? Reply with yes or no only."
-)
+    return send
 
 
 class OnlineVerifier:
-    def __init__(self, ctx: WorkerContext, stage: VerifiedStage) -> None:
+    def __init__(self, ctx: WorkerContext, stage: VerifiedStage, send: Send | None = None) -> None:
         s = ctx.settings
         self.ctx, self.stage, self.settings = ctx, stage, s
         # An operator's pinned threshold (cache_threshold) is never moved.
@@ -76,7 +70,7 @@ class OnlineVerifier:
             s.cache_threshold is None and s.cache_verify_rate > 0 and stage.embedder is not None
         )
         self.store = VerdictStore(ctx.redis, ctx.keys)
-        self.charges = Charges(ctx)
+        self._send = send or enqueue(ctx)
         base = stage.policy.threshold
         self.rule = Rule(
             max_error_rate=s.cache_max_error_rate,
@@ -87,7 +81,6 @@ class OnlineVerifier:
         self._thresholds: dict[str, tuple[float, float]] = {}
         self._refreshing: set[str] = set()
         self._sampled: dict[str, tuple[str, StoredAnswer, float]] = {}
-        self._busy = 0
         self._rng = random.Random()
 
     # --- the threshold in force ---------------------------------------------------------
@@ -142,144 +135,45 @@ class OnlineVerifier:
             self._sampled[job.job_id] = (model, hit, score)
 
     def replayed(self, job: ChatJob) -> None:
+        """A sampled hit's replay ended: its check goes to the bulk pool."""
         sampled = self._sampled.pop(job.job_id, None)
-        if sampled is None:
-            return
-        if self._busy >= self.settings.cache_verify_concurrency:
-            # Skipped, not queued: verification never backs up behind the engine.
-            self.stage.background(self.store.count_skipped(job.tenant_id, "busy"))
-            return
-        self._busy += 1
-        self.stage.background(self._verify(job, *sampled))
+        if sampled is not None:
+            model, hit, score = sampled
+            question = job.messages[-1].content if job.messages else ""
+            self._send(self._check(job, model, question, hit, score, fresh=None))
 
     def near_miss(
-        self, job: ChatJob, question: str, near: StoredAnswer, score: float, answer: str
+        self,
+        job: ChatJob,
+        model: str,
+        question: str,
+        near: StoredAnswer,
+        score: float,
+        answer: str,
     ) -> None:
+        """A lookup just under the threshold whose chat the engine answered: the two answers
+        are compared (no engine call)."""
         if self.enabled:
-            self.stage.background(self._compare(job, question, near, score, answer, True))
+            self._send(self._check(job, model, question, near, score, fresh=answer))
 
-    # --- verification -------------------------------------------------------------------
-    async def _verify(self, job: ChatJob, model: str, hit: StoredAnswer, score: float) -> None:
-        try:
-            fresh = await asyncio.wait_for(
-                self._ask(job, "reask", job.messages, model, job.max_tokens, job.temperature),
-                VERIFY_TIMEOUT_S,
-            )
-            if fresh is None:
-                return  # the tenant's limits refused it (counted)
-            question = job.messages[-1].content if job.messages else ""
-            await self._compare(job, question, hit, score, fresh, False)
-        finally:
-            self._busy -= 1
-
-    async def _ask(
-        self,
+    @staticmethod
+    def _check(
         job: ChatJob,
-        call: Call,
-        messages: list[Message],
         model: str,
-        max_tokens: int,
-        temperature: float | None,
-    ) -> str | None:
-        """One engine call of a verification, within the tenant's limits and billed; None when
-        the limits refused it (counted as skipped)."""
-        reserved = reservation(messages, max_tokens)
-        if not await self.charges.admit(job, call, reserved):
-            await self.store.count_skipped(job.tenant_id, "limit")
-            return None
-        started = time.time()
-        answered = await self._engine(messages, model, max_tokens, temperature, job, call)
-        await self.charges.settle(job, call, charged(answered, reserved))
-        self.charges.bill(
-            job, call, model, answered, prompt_estimate=reserved - max_tokens, started=started
-        )
-        return answered.text
-
-    async def _engine(
-        self,
-        messages: list[Message],
-        model: str,
-        max_tokens: int,
-        temperature: float | None,
-        job: ChatJob,
-        call: Call,
-    ) -> Answered:
-        spec = self.ctx.models.get(model)
-        engine = self.ctx.engine_for(spec)
-        request = EngineRequest(
-            messages=messages,
-            model=spec.engine_model,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            priority=self.settings.cache_verify_priority,  # behind the chats, where set
-        )
-        parts: list[str] = []
-        last = None
-        async for delta in engine.stream(request, request_id=request_id(job, call)):
-            parts.append(delta.text)
-            last = delta
-        return Answered(
-            text="".join(parts),
-            finish_reason=(last.finish_reason if last else None) or "stop",
-            prompt_tokens=last.prompt_tokens if last else None,
-            completion_tokens=last.completion_tokens if last else None,
-            cached_prompt_tokens=last.cached_prompt_tokens if last else None,
-        )
-
-    async def _compare(
-        self,
-        job: ChatJob,
         question: str,
         cached: StoredAnswer,
         score: float,
-        fresh: str,
-        near: bool,
-    ) -> None:
-        tenant = job.tenant_id
-        agree = await self._judge(job, question, cached.answer, fresh, cached.model)
-        if agree is None:
-            # No verdict (an LLM reply that is neither yes nor no, no score URL, the judge's
-            # call refused by the tenant's limits): counted, so that `firsttoken cache report`
-            # shows a judge that never decides.
-            await self.store.count_undecided(tenant)
-            return
-        await self.store.record(tenant, score, agree, near=near)
-        recorder.cache_verification(agree)
-        if not agree and not near:
-            # Served and judged wrong: no one else gets it. (A near miss was not served; its
-            # entry may be right for its own question.)
-            await self.stage.store.drop(tenant, cached.entry_id)
-
-    async def _judge(
-        self, job: ChatJob, question: str, cached: str, fresh: str, model: str
-    ) -> bool | None:
-        if cached.strip() == fresh.strip():
-            return True
-        kind = self.settings.cache_verify_judge
-        if kind == "llm":
-            prompt = LLM_JUDGE_PROMPT.format(question=question, a=cached, b=fresh)
-            messages = [Message(role="user", content=prompt)]
-            model = model or self.ctx.models.default
-            reply = await self._ask(job, "judge", messages, model, 3, 0.0)
-            return None if reply is None else parse_yes_no(reply)
-        if kind == "score":
-            return await self._score_judge(cached, fresh)
-        vectors = await self.stage.embed([cached, fresh])
-        return agrees(float(np.dot(vectors[0], vectors[1])), self.settings.cache_verify_cut)
-
-    async def _score_judge(self, cached: str, fresh: str) -> bool | None:
-        import httpx
-
-        url = self.settings.cache_verify_score_url
-        if not url:
-            return None
-        body: dict[str, Any]
-        if url.rstrip("/").endswith("/score"):
-            body = {"text_1": cached, "text_2": fresh}
-        else:  # /rerank: TEI takes texts, vLLM documents
-            body = {"query": cached, "texts": [fresh], "documents": [fresh]}
-        async with httpx.AsyncClient(timeout=30) as client:
-            reply = await client.post(url, json=body)
-            reply.raise_for_status()
-        score = parse_score(reply.json())
-        return None if score is None else score >= self.settings.cache_verify_score_cut
+        fresh: str | None,
+    ) -> VerifyJob:
+        return VerifyJob(
+            chat=job,
+            model=model,
+            question=question,
+            score=score,
+            entry_id=cached.entry_id,
+            cached_answer=cached.answer,
+            cached_model=cached.model,
+            near=fresh is not None,
+            fresh=fresh,
+            sampled_at=time.time(),
+        )

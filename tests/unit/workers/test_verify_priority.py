@@ -17,7 +17,7 @@ from shared.modeltable import model_table
 from shared.protocol import Message
 from shared.settings import Settings
 from workers.cache.charge import Answered
-from workers.cache.verification import OnlineVerifier
+from workers.cache.checker import Checker
 from workers.engines.base import Delta, EngineRequest
 from workers.engines.openai_engine import request_body
 
@@ -61,11 +61,11 @@ def test_the_verifications_engine_request_has_the_settings_priority(priority: in
         models=model_table(settings),
         engine_for=lambda spec: engine,
     )
-    stage = SimpleNamespace(policy=SimpleNamespace(threshold=0.97), embedder=object())
-    verifier = OnlineVerifier(cast(Any, ctx), cast(Any, stage))
-    job = SimpleNamespace(job_id="j")
+    checker = Checker(cast(Any, ctx))
+    chat = SimpleNamespace(job_id="j")
+    job = SimpleNamespace(chat=chat)
     answered = asyncio.run(
-        verifier._engine(REQUEST.messages, "sim", 8, None, cast(Any, job), "reask")
+        checker._engine(cast(Any, job), "reask", REQUEST.messages, "sim", 8, None)
     )
     assert answered == Answered("fresh", "stop", 3, 1, None)
     (sent,) = engine.requests
