@@ -430,6 +430,8 @@ def add_parser(subparsers: Any) -> None:
         "print its path.",
     )
     p.set_defaults(fn=_cmd_prepare)
+    from firsttoken.cachejudge import add_parser as add_judge_eval
     from firsttoken.cacheonline import add_parsers
 
     add_parsers(actions)
+    add_judge_eval(actions)

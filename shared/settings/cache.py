@@ -47,17 +47,35 @@ class CacheSettings(BaseModel):
         "cache_max_error_rate (workers/cache/online.py). 0: off; cache_threshold pins it.",
     )
     cache_verify_judge: Literal["embedding", "llm", "score"] = Field(
-        "embedding",
-        description="How a cached answer and the engine's are compared: embedding (the answers' "
-        "cosine against cache_verify_cut), llm (a yes/no question to the engine) or score (a "
-        "cross-encoder at cache_verify_score_url: vLLM /score or TEI /rerank).",
+        "llm",
+        description="How a cached answer and the engine's are compared: llm (a yes/no question "
+        "to the engine's own model, charged and billed like the re-ask), score (a "
+        "cross-encoder at cache_verify_score_url: vLLM /score or TEI /rerank) or embedding "
+        "(the answers' cosine against cache_verify_cut: not fit to verify, see `firsttoken "
+        "cache judge-eval`: it calls most agreeing answers wrong). `firsttoken cache "
+        "judge-eval` measures a judge on the labelled answer pairs.",
     )
     cache_verify_cut: float = Field(
         0.8,
         gt=0,
         le=1,
-        description="Embedding judge: two answers agree when their cosine is at least this "
-        "(a default, not calibrated on labelled answers: the repository has none).",
+        description="Embedding judge: two answers agree when their cosine is at least this. No "
+        "cut works: on the labelled answer pairs (AUC 0.63-0.78) the cut fitted to 5% false "
+        "agreements calls 89.5% of agreeing answers wrong (docs/benchmarks.md).",
+    )
+    cache_verify_false_agree: float = Field(
+        0.0,
+        ge=0,
+        lt=0.5,
+        description="The judge's measured rate of calling disagreeing answers the same "
+        "(`firsttoken cache judge-eval`): the wrong-serve estimate is corrected for it.",
+    )
+    cache_verify_false_disagree: float = Field(
+        0.0,
+        ge=0,
+        lt=0.5,
+        description="The judge's measured rate of calling agreeing answers different "
+        "(`firsttoken cache judge-eval`): the wrong-serve estimate is corrected for it.",
     )
     cache_verify_score_url: str | None = Field(
         None, description="Score judge: the /score or /rerank URL of a scoring server."
@@ -70,7 +88,8 @@ class CacheSettings(BaseModel):
         ge=0,
         le=0.5,
         description="A lookup scoring this far under the threshold is a near miss: its best "
-        "candidate's answer is compared with the engine's once it comes (no engine cost).",
+        "candidate's answer is compared with the engine's once it comes (no re-ask; with the "
+        "llm judge, whose question is an engine call, a cache_verify_rate share of them).",
     )
     cache_verify_min: int = Field(
         100,

@@ -94,6 +94,8 @@ async def verifying_stage(
         "redis_prefix": prefix,
         "engine": "sim",
         "cache_verify_rate": 1.0,
+        # The judge these tests script or stand in for; the LLM judge's tests say so.
+        "cache_verify_judge": "embedding",
         **settings,
     }
     redis = aioredis.from_url(redis_url, decode_responses=True)

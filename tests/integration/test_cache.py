@@ -436,6 +436,7 @@ async def test_a_semantic_hit_is_verified_by_the_bulk_pool_after_its_answer(
         sim_args=("--ttft-ms", "1000", "--itl-ms", "5", "--max-tokens", "16"),
         first_token_deadline_s="10",
         cache_verify_rate="1.0",
+        cache_verify_judge="embedding",  # one engine call, the re-ask
     ) as s:
         s.wait_ready()
         client = await _client(s)
@@ -494,6 +495,7 @@ async def test_a_verification_is_billed_and_one_over_the_tenants_limits_is_skipp
         bulk=True,
         sim_args=("--ttft-ms", "200", "--itl-ms", "5", "--max-tokens", "16"),
         cache_verify_rate="1.0",
+        cache_verify_judge="embedding",  # one engine call, the re-ask
     ) as s:
         s.wait_ready()
         client = await _client(s, limited.key)

@@ -388,3 +388,22 @@ async def test_a_check_that_waited_too_long_in_the_bulk_queue_is_skipped(
         got = await stats(stage, "t")
     assert engine.calls == []
     assert (got["skipped"], got["skipped_busy"]) == ("1", "1") and "verified" not in got
+
+
+@pytest.mark.parametrize(("judge", "sent"), [("embedding", 1), ("llm", 0)])
+async def test_near_misses_cost_the_engine_only_at_the_verify_rate(
+    services: Services, judge: str, sent: int
+) -> None:
+    """Every near miss is compared where the judge asks the engine nothing; with the LLM judge
+    (an engine call each) only a cache_verify_rate share is, as for hits."""
+    async with verifying_stage(
+        services.redis_url, cache_verify_judge=judge, cache_verify_rate=1e-9
+    ) as stage:
+        near = await put_answer(stage, "t", "How do I reset my password?", CACHED)
+        checks: list[VerifyJob] = []
+        stage.online._send = checks.append
+        job = chat_job("t", "How can I reset my password?")
+        stage.online.near_miss(job, "sim", "How can I reset my password?", near, 0.95, "x")
+    assert len(checks) == sent
+    if checks:
+        assert checks[0].near and checks[0].fresh == "x" and checks[0].score == 0.95

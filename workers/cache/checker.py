@@ -179,8 +179,7 @@ class Checker:
             return True
         kind = self.settings.cache_verify_judge
         if kind == "llm":
-            prompt = LLM_JUDGE_PROMPT.format(question=job.question, a=cached, b=fresh)
-            messages = [Message(role="user", content=prompt)]
+            messages = judge_question(job.question, cached, fresh)
             model = job.cached_model or self.ctx.models.default
             reply = await self._ask(job, "judge", messages, model, 3, 0.0)
             return None if reply is None else parse_yes_no(reply)
@@ -201,18 +200,32 @@ class Checker:
         return list(await asyncio.to_thread(self._embedder.embed, texts))
 
     async def _score_judge(self, cached: str, fresh: str) -> bool | None:
-        import httpx
-
         url = self.settings.cache_verify_score_url
         if not url:
             return None
-        body: dict[str, Any]
-        if url.rstrip("/").endswith("/score"):
-            body = {"text_1": cached, "text_2": fresh}
-        else:  # /rerank: TEI takes texts, vLLM documents
-            body = {"query": cached, "texts": [fresh], "documents": [fresh]}
-        async with httpx.AsyncClient(timeout=30) as client:
-            reply = await client.post(url, json=body)
-            reply.raise_for_status()
-        score = parse_score(reply.json())
+        score = await score_answers(url, cached, fresh)
         return None if score is None else score >= self.settings.cache_verify_score_cut
+
+
+async def score_answers(url: str, cached: str, fresh: str, client: Any = None) -> float | None:
+    """A scoring server's score of two answers: vLLM /score, or vLLM's or TEI's /rerank
+    (``client``: an httpx.AsyncClient to reuse, else one for this call)."""
+    import httpx
+
+    body: dict[str, Any]
+    if url.rstrip("/").endswith("/score"):
+        body = {"text_1": cached, "text_2": fresh}
+    else:  # /rerank: TEI takes texts, vLLM documents
+        body = {"query": cached, "texts": [fresh], "documents": [fresh]}
+    if client is None:
+        async with httpx.AsyncClient(timeout=30) as own:
+            return await score_answers(url, cached, fresh, own)
+    reply = await client.post(url, json=body)
+    reply.raise_for_status()
+    return parse_score(reply.json())
+
+
+def judge_question(question: str, cached: str, fresh: str) -> list[Message]:
+    """The LLM judge's question about two answers."""
+    prompt = LLM_JUDGE_PROMPT.format(question=question, a=cached, b=fresh)
+    return [Message(role="user", content=prompt)]

@@ -23,7 +23,7 @@ from typing import Protocol
 from shared.keys import BULK_QUEUE, CACHE_VERIFY_TASK
 from shared.metrics import recorder
 from shared.tasks import ChatJob, VerifyJob, task_message
-from workers.cache.online import Rule, threshold_in_force
+from workers.cache.online import JudgeErrors, Rule, threshold_in_force
 from workers.cache.policy import Policy
 from workers.cache.store import StoredAnswer
 from workers.cache.verdicts import VerdictStore
@@ -77,6 +77,7 @@ class OnlineVerifier:
             base=base,
             min_verified=s.cache_verify_min,
             ceiling=max(1.0, base),
+            errors=JudgeErrors(s.cache_verify_false_disagree, s.cache_verify_false_agree),
         )
         self._thresholds: dict[str, tuple[float, float]] = {}
         self._refreshing: set[str] = set()
@@ -152,9 +153,15 @@ class OnlineVerifier:
         answer: str,
     ) -> None:
         """A lookup just under the threshold whose chat the engine answered: the two answers
-        are compared (no engine call)."""
-        if self.enabled:
-            self._send(self._check(job, model, question, near, score, fresh=answer))
+        are compared. Every one, where the judge costs no engine call; where it does (the
+        LLM judge), a share as for hits, so that verification's spend follows its rate."""
+        if not self.enabled:
+            return
+        if self.settings.cache_verify_judge == "llm" and (
+            self._rng.random() >= self.settings.cache_verify_rate
+        ):
+            return
+        self._send(self._check(job, model, question, near, score, fresh=answer))
 
     @staticmethod
     def _check(
