@@ -107,15 +107,7 @@ class RateLimiter:
     ) -> Admission:
         """Charge one request and `tokens` against every limit, or raise RateLimited; with
         `enqueue`, an admitted chat is enqueued in the same round trip."""
-        k = self._keys
-        keys = [
-            k.rate_window("key", key_id),
-            k.rate_tokens("key", key_id),
-            k.rate_window("tenant", tenant_id),
-            k.rate_tokens("tenant", tenant_id),
-            k.key_streams(key_id),
-            k.key_revoked(key_id),
-        ]
+        keys = self._keys.admission_keys(key_id, tenant_id)
         args: list[Any] = [
             job_id,
             tokens,

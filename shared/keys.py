@@ -168,6 +168,18 @@ class Keys:
         """Present once a key is revoked; the admission script refuses the key while it exists."""
         return f"{self.prefix}:revoked:{key_id}"
 
+    def admission_keys(self, key_id: str, tenant_id: str) -> list[str]:
+        """The keys shared/redis/scripts/rate_admit.lua reads, in its order: the key's and the
+        tenant's windows and token hashes, the key's stream slots, its revocation mark."""
+        return [
+            self.rate_window("key", key_id),
+            self.rate_tokens("key", key_id),
+            self.rate_window("tenant", tenant_id),
+            self.rate_tokens("tenant", tenant_id),
+            self.key_streams(key_id),
+            self.key_revoked(key_id),
+        ]
+
     @property
     def key_events(self) -> str:
         """Pub/sub: "revoked <key_hash> <key_id>"; every gateway drops the key and its sockets."""

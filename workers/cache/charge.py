@@ -157,15 +157,7 @@ class Charges:
     async def admit(self, job: ChatJob, call: Call, tokens: int) -> bool:
         """Charge one request and ``tokens`` to the tenant's window; False when refused."""
         rpm, tpm = tenant_limits(job, self.ctx.settings)
-        k = self.keys
-        keys = [
-            k.rate_window("key", job.key_id),
-            k.rate_tokens("key", job.key_id),
-            k.rate_window("tenant", job.tenant_id),
-            k.rate_tokens("tenant", job.tenant_id),
-            k.key_streams(job.key_id),
-            k.key_revoked(job.key_id),
-        ]
+        keys = self.keys.admission_keys(job.key_id, job.tenant_id)
         # The key's limits and stream slots 0: only the tenant's are charged (see above).
         args: list[str | int] = [request_id(job, call), tokens, 0, 0, rpm, tpm, 0]
         args += [WINDOW_MS, _LEASE_MS, _BATCH]
