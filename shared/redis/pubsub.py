@@ -13,11 +13,13 @@ enqueue of the job that publishes) has been read by Redis before that command.
 published before, as the gateway's `resume` does).
 
 If the connection drops, the subscriber reconnects with backoff, subscribes to every channel
-again and calls `on_reconnect`: whatever was published while it was down is the caller's to
-recover (the gateway reads each job's replay stream). Through Sentinels, each reconnect asks
-them for the master (shared/redis/sentinel.py); a replica would do too, as it relays every
-PUBLISH, and Sentinel drops the clients of a master it demotes. A connection Redis refuses (a wrong
-password) is retried once a second, not in a tight loop.
+again and, once Redis has acknowledged those subscriptions, calls `on_reconnect`: whatever was
+published while it was down is the caller's to recover (the gateway reads each job's replay
+stream). Not before: a chunk published between a replay read that went out first and the
+SUBSCRIBE would be in neither, and its job would end with a gap. Through Sentinels, each
+reconnect asks them for the master (shared/redis/sentinel.py); a replica would do too, as it
+relays every PUBLISH, and Sentinel drops the clients of a master it demotes. A connection Redis
+refuses (a wrong password) is retried once a second, not in a tight loop.
 """
 
 from __future__ import annotations
@@ -86,6 +88,9 @@ class Subscriber:
         self.on_reconnect = on_reconnect
         self._handlers: dict[bytes, Handler] = {}
         self._confirm: dict[bytes, asyncio.Future[None]] = {}
+        # After a reconnect: the last channel subscribed again, and its acknowledgement (Redis
+        # answers a SUBSCRIBE's channels in order, so the last one's means all of them).
+        self._resubscribed: tuple[bytes, asyncio.Future[None]] | None = None
         self._transport: asyncio.Transport | None = None
         self._protocol: _Protocol | None = None
         self._reconnecting: asyncio.Task[None] | None = None
@@ -196,6 +201,8 @@ class Subscriber:
         # refusal closes the connection (see _dispatch).
         transport.writelines(address.handshake(self._client_name))
         names = list(self._handlers)  # every channel again, after a reconnect
+        if names:
+            self._resubscribed = (names[-1], asyncio.get_running_loop().create_future())
         for i in range(0, len(names), CHANNELS_PER_COMMAND):
             transport.write(pack((b"SUBSCRIBE", *names[i : i + CHANNELS_PER_COMMAND])))
 
@@ -203,6 +210,7 @@ class Subscriber:
         if protocol is not self._protocol:
             return
         self._transport = self._protocol = None
+        self._end_resubscribe()
         if self._closed:
             return
         self._outage.failed(exc or ConnectionResetError("the connection was closed"))
@@ -224,6 +232,20 @@ class Subscriber:
         self._reconnecting = None
         if self._closed or self._transport is None:
             return
+        protocol, again = self._protocol, self._resubscribed
+        if again is not None:
+            try:
+                async with asyncio.timeout(CONFIRM_TIMEOUT_S):
+                    await again[1]
+            except TimeoutError:
+                log.warning("pub/sub: Redis did not acknowledge the subscriptions again")
+            except ConnectionError:
+                return  # lost again: the next reconnect recovers
+            finally:
+                if self._resubscribed is again:
+                    self._resubscribed = None
+            if self._closed or self._protocol is not protocol:
+                return
         self.reconnects += 1
         self._outage.ok()
         log.info("pub/sub reconnected; %d channels subscribed again", len(self._handlers))
@@ -232,6 +254,12 @@ class Subscriber:
                 self.on_reconnect()
             except Exception:
                 log.exception("pub/sub reconnect callback failed")
+
+    def _end_resubscribe(self) -> None:
+        again = self._resubscribed
+        if again is not None and not again[1].done():
+            again[1].set_exception(ConnectionError("the connection was lost"))
+            again[1].exception()  # retrieved: nobody may be waiting
 
     # --- replies ------------------------------------------------------------------------
     def _dispatch(self, reply: object) -> None:
@@ -248,6 +276,9 @@ class Subscriber:
                 fut = self._confirm.pop(reply[1], None)
                 if fut is not None and not fut.done():
                     fut.set_result(None)
+                again = self._resubscribed
+                if again is not None and again[0] == reply[1] and not again[1].done():
+                    again[1].set_result(None)
         elif isinstance(reply, Exception):
             # AUTH refused, or a command Redis would not run: nothing works without it.
             text = error_text(reply)

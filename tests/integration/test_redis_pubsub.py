@@ -131,6 +131,40 @@ async def test_killed_connection_comes_back_subscribed(
     assert not subscriber.connected
 
 
+async def test_on_reconnect_waits_until_redis_has_every_channel_again(
+    services: Services, admin: aioredis.Redis
+) -> None:
+    """The gateway reads each job's replay stream in `on_reconnect`: had it run before Redis
+    processed the SUBSCRIBEs, a chunk published in between would be in neither. With many
+    channels Redis reads the SUBSCRIBEs over many turns, and a reply to another client comes
+    in between; so the callback asks Redis itself (a blocking client) whether the last channel
+    is subscribed yet."""
+    import redis as sync_redis
+
+    name = f"ftsub{uuid.uuid4().hex[:8]}"
+    probe = sync_redis.Redis.from_url(services.redis_url)
+    counted: list[int] = []
+
+    def on_reconnect() -> None:
+        counted.append(int(probe.pubsub_numsub(last)[0][1]))
+
+    channels = [f"{name}:{i:05d}:{'x' * 40}" for i in range(20_000)]
+    last = channels[-1]
+    subscriber = Subscriber(services.redis_url, on_reconnect=on_reconnect, client_name=name)
+    await subscriber.start()
+    try:
+        for channel in channels[:-1]:
+            subscriber.subscribe(channel, lambda _m: None)
+        await subscriber.subscribe_confirmed(last, lambda _m: None)
+        ids = [c["id"] for c in await admin.client_list() if c.get("name") == name]
+        assert await admin.client_kill_filter(_id=ids[0]) == 1
+        await _until(lambda: counted != [], timeout=20)
+        assert counted == [1]
+    finally:
+        await subscriber.close()
+        probe.close()
+
+
 async def test_password_is_sent_and_a_wrong_one_is_not_retried_in_a_tight_loop(
     password_redis: int, caplog: pytest.LogCaptureFixture
 ) -> None:
