@@ -99,7 +99,13 @@ async def _serves(url: str, key: str) -> bool:
     """Whether the gateway at `url` takes a chat with `key` (False: refused `unauthorized`)."""
     ws = await _socket(url, key)
     try:
-        await ws.send(json.dumps(_chat("probe", "hello", max_tokens=1)))
+        try:
+            await ws.send(json.dumps(_chat("probe", "hello", max_tokens=1)))
+        except websockets.ConnectionClosed as exc:
+            # A revoked key's socket is closed by the gateway, 1008 unauthorized, perhaps
+            # before the probe is sent.
+            assert exc.rcvd is not None and exc.rcvd.code == 1008, exc
+            return False
         while True:
             try:
                 frame = json.loads(await asyncio.wait_for(ws.recv(), 15))
