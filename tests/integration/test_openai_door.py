@@ -9,7 +9,8 @@ import asyncio
 import gc
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,46 @@ def async_client(stack: Stack, key: str | None = None) -> openai.AsyncOpenAI:
 
 def model_of(stack: Stack) -> str:
     return default_model(sync_client(stack))
+
+
+@contextmanager
+def losing_stack(services: Services, migrated: str, tmp_path: Path) -> Iterator[Stack]:
+    """One chat worker streaming slowly (a token every 100 ms, up to 64) to kill mid-answer,
+    and a 1.5 s queue deadline for the 504: the worker-loss tests of both OpenAI doors."""
+    with make_stack(
+        services,
+        migrated,
+        tmp_path,
+        bulk=False,
+        sim_args=("--ttft-ms", "20", "--itl-ms", "100", "--max-tokens", "64"),
+        queue_deadline_s="1.5",
+    ) as stack:
+        stack.wait_ready()
+        yield stack
+
+
+async def refused_503_then_504(stack: Stack, request: Callable[[str], Awaitable[Any]]) -> None:
+    """With its only chat worker killed: ``request`` is refused 503 (Retry-After, `overloaded`)
+    once the dead worker's heartbeat lapses; with a worker that looks alive and takes nothing,
+    a streamed ``request`` gets 504 after the queue deadline."""
+    wait = time.monotonic() + 15
+    while True:  # until the dead worker's heartbeat has lapsed
+        try:
+            await request("x")
+        except openai.InternalServerError as exc:
+            if exc.status_code == 503:
+                assert int(exc.response.headers["retry-after"]) >= 1
+                assert exc.body["code"] == "overloaded"  # type: ignore[index]
+                break
+        assert time.monotonic() < wait, "never refused with 503"
+        await asyncio.sleep(0.2)
+
+    stack.redis().zadd(Keys(stack.prefix).worker_heartbeats(CHAT_QUEUE), {"ghost": 1e12})
+    started = time.monotonic()
+    with pytest.raises(openai.InternalServerError) as late:
+        await request("y")
+    assert late.value.status_code == 504
+    assert 1.4 <= time.monotonic() - started < 5
 
 
 def user(text: str) -> list[Any]:
@@ -264,15 +305,7 @@ async def test_worker_loss_503_504_and_a_mid_stream_error_event(
 ) -> None:
     """A worker killed mid-answer: an error event the SDK raises; no worker: 503 with
     Retry-After; a worker that looks alive but takes nothing: 504 after the queue deadline."""
-    with make_stack(
-        services,
-        migrated,
-        tmp_path,
-        bulk=False,
-        sim_args=("--ttft-ms", "20", "--itl-ms", "100", "--max-tokens", "64"),
-        queue_deadline_s="1.5",
-    ) as stack:
-        stack.wait_ready()
+    with losing_stack(services, migrated, tmp_path) as stack:
         client = async_client(stack)
         model = model_of(stack)
         stream = await client.chat.completions.create(
@@ -287,21 +320,10 @@ async def test_worker_loss_503_504_and_a_mid_stream_error_event(
         assert killed and "worker" in failed.value.message
         assert failed.value.body["code"] == "engine_error"  # type: ignore[index]
 
-        wait = time.monotonic() + 15
-        while True:  # until the dead worker's heartbeat has lapsed
-            try:
-                await client.chat.completions.create(model=model, messages=user("x"))
-            except openai.InternalServerError as exc:
-                if exc.status_code == 503:
-                    assert int(exc.response.headers["retry-after"]) >= 1
-                    break
-            assert time.monotonic() < wait, "never refused with 503"
-            await asyncio.sleep(0.2)
+        async def ask(text: str) -> Any:
+            return await client.chat.completions.create(
+                model=model, messages=user(text), stream=text == "y"
+            )
 
-        stack.redis().zadd(Keys(stack.prefix).worker_heartbeats(CHAT_QUEUE), {"ghost": 1e12})
-        started = time.monotonic()
-        with pytest.raises(openai.InternalServerError) as late:
-            await client.chat.completions.create(model=model, messages=user("y"), stream=True)
-        assert late.value.status_code == 504
-        assert 1.4 <= time.monotonic() - started < 5
+        await refused_503_then_504(stack, ask)
         await client.close()

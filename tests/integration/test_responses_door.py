@@ -17,7 +17,6 @@ import openai
 import pytest
 
 from firsttoken.keyscli import create_key
-from shared.keys import CHAT_QUEUE, Keys
 from shared.settings import load_settings
 from tests.integration.conftest import Services, Stack, make_stack
 
@@ -26,7 +25,9 @@ from tests.integration.conftest import Services, Stack, make_stack
 from tests.integration.test_openai_door import (  # noqa: F401
     _close_sync_clients,
     async_client,
+    losing_stack,
     model_of,
+    refused_503_then_504,
     sync_client,
 )
 
@@ -368,15 +369,7 @@ async def test_worker_loss_is_a_failed_response(
     """A worker killed mid-answer: the `error` and `response.failed` events; then no worker:
     503 with Retry-After; a worker that looks alive but takes nothing: 504 after the queue
     deadline (the SDK's status codes, as on the Chat Completions door)."""
-    with make_stack(
-        services,
-        migrated,
-        tmp_path,
-        bulk=False,
-        sim_args=("--ttft-ms", "20", "--itl-ms", "100", "--max-tokens", "64"),
-        queue_deadline_s="1.5",
-    ) as stack:
-        stack.wait_ready()
+    with losing_stack(services, migrated, tmp_path) as stack:
         client = async_client(stack)
         stream = await client.responses.create(
             model=model_of(stack), input="long answer", stream=True, max_output_tokens=64
@@ -393,22 +386,10 @@ async def test_worker_loss_is_a_failed_response(
                 assert event.response.error is not None  # type: ignore[union-attr]
         assert kinds[-2:] == ["error", "response.failed"], kinds
 
-        wait = time.monotonic() + 15
-        while True:  # until the dead worker's heartbeat has lapsed
-            try:
-                await client.responses.create(model=model_of(stack), input="x")
-            except openai.InternalServerError as exc:
-                if exc.status_code == 503:
-                    assert int(exc.response.headers["retry-after"]) >= 1
-                    assert exc.body["code"] == "overloaded"  # type: ignore[index]
-                    break
-            assert time.monotonic() < wait, "never refused with 503"
-            await asyncio.sleep(0.2)
+        async def ask(text: str) -> Any:
+            return await client.responses.create(
+                model=model_of(stack), input=text, stream=text == "y"
+            )
 
-        stack.redis().zadd(Keys(stack.prefix).worker_heartbeats(CHAT_QUEUE), {"ghost": 1e12})
-        started = time.monotonic()
-        with pytest.raises(openai.InternalServerError) as late:
-            await client.responses.create(model=model_of(stack), input="y", stream=True)
-        assert late.value.status_code == 504
-        assert 1.4 <= time.monotonic() - started < 5
+        await refused_503_then_504(stack, ask)
         await client.close()
