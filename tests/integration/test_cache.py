@@ -7,6 +7,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -420,6 +421,27 @@ async def test_restarted_workers_rebuild_from_redis(cstack: Stack) -> None:
     await client.ws.close()
 
 
+@contextmanager
+def verifying_stack(
+    services: Services, migrated: str, tmp_path: Any, *, bulk: bool, ttft_ms: int
+) -> Iterator[Stack]:
+    """One chat worker that verifies every semantic hit (the embedding judge: one engine call
+    per check, the re-ask), with or without a bulk worker to run the checks."""
+    with make_stack(
+        services,
+        migrated,
+        tmp_path,
+        workers=1,
+        bulk=bulk,
+        sim_args=("--ttft-ms", str(ttft_ms), "--itl-ms", "5", "--max-tokens", "16"),
+        first_token_deadline_s="10",
+        cache_verify_rate="1.0",
+        cache_verify_judge="embedding",
+    ) as s:
+        s.wait_ready()
+        yield s
+
+
 async def test_a_semantic_hit_is_verified_by_the_bulk_pool_after_its_answer(
     services: Services, migrated: str, tmp_path: Any
 ) -> None:
@@ -427,18 +449,7 @@ async def test_a_semantic_hit_is_verified_by_the_bulk_pool_after_its_answer(
     goes to the bulk queue's lowest-priority list, and the chat worker asks the engine nothing
     more. Only once a bulk worker starts is the question asked of the simulator again and the
     verdict written."""
-    with make_stack(
-        services,
-        migrated,
-        tmp_path,
-        workers=1,
-        bulk=False,
-        sim_args=("--ttft-ms", "1000", "--itl-ms", "5", "--max-tokens", "16"),
-        first_token_deadline_s="10",
-        cache_verify_rate="1.0",
-        cache_verify_judge="embedding",  # one engine call, the re-ask
-    ) as s:
-        s.wait_ready()
+    with verifying_stack(services, migrated, tmp_path, bulk=False, ttft_ms=1000) as s:
         client = await _client(s)
         await _stored(client, "How do I reset my password?", "v", s)
         started = s.sim_metric("firsttoken_sim_requests_started_total")
@@ -487,17 +498,7 @@ async def test_a_verification_is_billed_and_one_over_the_tenants_limits_is_skipp
     counted, and never reaches the engine."""
     settings = Settings(database_url=services.database_url)
     limited = await create_key(settings, f"t-{uuid.uuid4().hex[:6]}", tenant_rpm=2)
-    with make_stack(
-        services,
-        migrated,
-        tmp_path,
-        workers=1,
-        bulk=True,
-        sim_args=("--ttft-ms", "200", "--itl-ms", "5", "--max-tokens", "16"),
-        cache_verify_rate="1.0",
-        cache_verify_judge="embedding",  # one engine call, the re-ask
-    ) as s:
-        s.wait_ready()
+    with verifying_stack(services, migrated, tmp_path, bulk=True, ttft_ms=200) as s:
         client = await _client(s, limited.key)
         await _stored(client, "How do I reset my password?", "b", s)
         started = s.sim_metric("firsttoken_sim_requests_started_total")
