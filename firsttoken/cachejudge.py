@@ -73,7 +73,12 @@ async def _llm_verdicts(pairs: list[Any], concurrency: int) -> list[bool | None]
         return parse_yes_no("".join(parts))
 
     try:
-        return list(await asyncio.gather(*(ask(n, p) for n, p in enumerate(pairs))))
+        # A TaskGroup: one failure (the engine unreachable) cancels the other questions.
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(ask(n, p)) for n, p in enumerate(pairs)]
+        return [task.result() for task in tasks]
+    except BaseExceptionGroup as group_error:
+        raise group_error.exceptions[0] from None
     finally:
         await engine.aclose()
 
@@ -89,6 +94,7 @@ def _pct(n: int, d: int) -> str:
 
 def _cmd_judge_eval(args: argparse.Namespace) -> int:
     from firsttoken.cacheargs import apply_settings
+    from shared.errors import EngineError
     from shared.settings import get_settings
     from workers.cache.judgecal import (
         ANSWERS_DIR,
@@ -104,10 +110,15 @@ def _cmd_judge_eval(args: argparse.Namespace) -> int:
         return fail(str(exc))
     settings = get_settings()
     judge = args.judge or settings.cache_verify_judge
+    if args.concurrency < 1:
+        return fail("--concurrency must be at least 1")
     try:
         folds = load_answer_folds(Path(args.data_dir) if args.data_dir else ANSWERS_DIR)
     except (OSError, ValueError) as exc:
-        return fail(f"cannot read the answer pairs: {exc}")
+        return fail(
+            f"cannot read the answer pairs: {exc} (a checkout has them in tests/data/answers; "
+            "elsewhere give --data-dir)"
+        )
     labels = {f: [p.same for p in pairs] for f, pairs in folds.items()}
     every = [p for pairs in folds.values() for p in pairs]
     out: dict[str, Any] = {"judge": judge, "max_false_agree": args.max_false_agree, "folds": []}
@@ -134,7 +145,7 @@ def _cmd_judge_eval(args: argparse.Namespace) -> int:
             for result in leave_one_out(scores, labels, args.max_false_agree):
                 fold_auc = auc(scores[result.fold], labels[result.fold])
                 out["folds"].append(_row(result.fold, result.cut, fold_auc, result.rates))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EngineError) as exc:
         return fail(f"the {judge} judge could not be run: {exc}")
     pooled = [r["_rates"] for r in out["folds"]]
     total = pooled[0]

@@ -174,8 +174,8 @@ def add_parsers(actions: Any) -> None:
         help="Per tenant: lookups, hits by tier, verifications, the wrong-serve estimate.",
         description="Read the cache's per-tenant counters and verdicts from Redis and print, per "
         "tenant, lookups, hits by tier, verified lookups, disagreements, verifications "
-        "skipped (every slot busy, or refused by the tenant's rate limits), the estimated "
-        "wrong-serve rate with its 95%% upper bound, and the threshold in force.",
+        "skipped (every slot busy, waited too long, or refused by the tenant's rate limits), the "
+        "estimated wrong-serve rate with its 95%% upper bound, and the threshold in force.",
     )
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.set_defaults(fn=_cmd_report)

@@ -111,7 +111,7 @@ class WorkerContext:
     def engine_for(self, spec: ModelSpec) -> Engine:
         """The engine serving ``spec``; models on the same server share one (one pool).
 
-        Created on first use: a bulk worker never loads a model.
+        Created on first use: a bulk worker has one only once it verifies a cache hit.
         """
         engine = self._engines.get(spec.engine_key)
         if engine is None:

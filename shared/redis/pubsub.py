@@ -201,8 +201,9 @@ class Subscriber:
         # refusal closes the connection (see _dispatch).
         transport.writelines(address.handshake(self._client_name))
         names = list(self._handlers)  # every channel again, after a reconnect
-        if names:
-            self._resubscribed = (names[-1], asyncio.get_running_loop().create_future())
+        self._resubscribed = (
+            (names[-1], asyncio.get_running_loop().create_future()) if names else None
+        )
         for i in range(0, len(names), CHANNELS_PER_COMMAND):
             transport.write(pack((b"SUBSCRIBE", *names[i : i + CHANNELS_PER_COMMAND])))
 
@@ -219,33 +220,24 @@ class Subscriber:
         self._reconnecting = asyncio.ensure_future(self._reconnect(0.0 if lived > 1.0 else 1.0))
 
     async def _reconnect(self, wait: float) -> None:
-        await asyncio.sleep(wait)
-        delay = 0.05
-        while not self._closed:
-            try:
-                await self._connect()
-                break
-            except OSError as exc:  # TimeoutError included
-                self._outage.failed(exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-        self._reconnecting = None
-        if self._closed or self._transport is None:
-            return
-        protocol, again = self._protocol, self._resubscribed
-        if again is not None:
-            try:
-                async with asyncio.timeout(CONFIRM_TIMEOUT_S):
-                    await again[1]
-            except TimeoutError:
-                log.warning("pub/sub: Redis did not acknowledge the subscriptions again")
-            except ConnectionError:
-                return  # lost again: the next reconnect recovers
-            finally:
-                if self._resubscribed is again:
-                    self._resubscribed = None
-            if self._closed or self._protocol is not protocol:
+        try:
+            await asyncio.sleep(wait)
+            delay = 0.05
+            while not self._closed:
+                try:
+                    await self._connect()
+                    break
+                except OSError as exc:  # TimeoutError included
+                    self._outage.failed(exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+            if self._closed or self._transport is None:
                 return
+            if not await self._resubscribed_in_time():
+                return
+        finally:
+            if self._reconnecting is asyncio.current_task():
+                self._reconnecting = None
         self.reconnects += 1
         self._outage.ok()
         log.info("pub/sub reconnected; %d channels subscribed again", len(self._handlers))
@@ -254,6 +246,31 @@ class Subscriber:
                 self.on_reconnect()
             except Exception:
                 log.exception("pub/sub reconnect callback failed")
+
+    async def _resubscribed_in_time(self) -> bool:
+        """Wait until Redis has acknowledged the channels subscribed again. False when the
+        connection was lost meanwhile, or Redis did not answer in time: that connection is then
+        dropped, and the reconnect that follows tries again."""
+        protocol, again = self._protocol, self._resubscribed
+        if again is None:
+            return True
+        try:
+            async with asyncio.timeout(CONFIRM_TIMEOUT_S):
+                await again[1]
+        except TimeoutError:
+            log.warning(
+                "pub/sub: Redis did not acknowledge the subscriptions within %gs; reconnecting",
+                CONFIRM_TIMEOUT_S,
+            )
+            if self._protocol is protocol and self._transport is not None:
+                self._transport.close()
+            return False
+        except ConnectionError:
+            return False  # lost again: the next reconnect recovers
+        finally:
+            if self._resubscribed is again:
+                self._resubscribed = None
+        return not self._closed and self._protocol is protocol
 
     def _end_resubscribe(self) -> None:
         again = self._resubscribed

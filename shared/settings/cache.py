@@ -61,7 +61,7 @@ class CacheSettings(BaseModel):
         le=1,
         description="Embedding judge: two answers agree when their cosine is at least this. No "
         "cut works: on the labelled answer pairs (AUC 0.63-0.78) the cut fitted to 5% false "
-        "agreements calls 89.5% of agreeing answers wrong (docs/benchmarks.md).",
+        "agreements calls 88.9% of agreeing answers wrong (docs/benchmarks.md).",
     )
     cache_verify_false_agree: float = Field(
         0.0,

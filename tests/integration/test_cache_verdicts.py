@@ -3,6 +3,7 @@ counters and verdicts written by the worker's own code, and the LLM judge throug
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -367,7 +368,7 @@ async def test_a_check_that_waited_too_long_in_the_bulk_queue_is_skipped(
     services: Services,
 ) -> None:
     """After a backlog (the bulk pool held up by a database outage), a check sampled more than
-    MAX_WAIT_S ago is skipped and counted as busy, never sent to the engine."""
+    MAX_WAIT_S ago is skipped and counted as stale, never sent to the engine."""
     engine = JudgedEngine()
     async with verifying_stage(services.redis_url, engine=engine) as stage:
         hit = await put_answer(stage, "t", "How do I reset my password?", CACHED)
@@ -387,7 +388,8 @@ async def test_a_check_that_waited_too_long_in_the_bulk_queue_is_skipped(
         await Checker(cast(Any, stage.online.ctx), stage.embed).check(late)
         got = await stats(stage, "t")
     assert engine.calls == []
-    assert (got["skipped"], got["skipped_busy"]) == ("1", "1") and "verified" not in got
+    assert (got["skipped"], got["skipped_stale"]) == ("1", "1") and "verified" not in got
+    assert "skipped_busy" not in got
 
 
 @pytest.mark.parametrize(("judge", "sent"), [("embedding", 1), ("llm", 0)])
@@ -407,3 +409,38 @@ async def test_near_misses_cost_the_engine_only_at_the_verify_rate(
     assert len(checks) == sent
     if checks:
         assert checks[0].near and checks[0].fresh == "x" and checks[0].score == 0.95
+
+
+class StalledEngine(JudgedEngine):
+    """An engine that takes the request and never answers."""
+
+    async def stream(self, request: EngineRequest, *, request_id: str) -> AsyncIterator[Delta]:
+        self.calls.append((request, ""))
+        await asyncio.Event().wait()
+        yield Delta(text="never")
+
+
+async def test_a_closing_checker_cancels_its_checks_instead_of_waiting_on_the_engine(
+    services: Services,
+) -> None:
+    """A bulk worker's shutdown does not wait on a verification's engine call: the checker
+    cancels the checks still running (one sample fewer each) and records nothing for them."""
+    engine = StalledEngine()
+    async with verifying_stage(services.redis_url, engine=engine) as stage:
+        hit = await put_answer(stage, "t", "How do I reset my password?", CACHED)
+        checks: list[VerifyJob] = []
+        stage.online._send = checks.append
+        job = chat_job("t", "How can I reset my password?")
+        stage.online.hit(job, "sim", hit, 0.98)
+        stage.online.replayed(job)
+        checker = Checker(cast(Any, stage.online.ctx), stage.embed)
+        running = asyncio.ensure_future(checker.check(checks[0]))
+        while not engine.calls:  # noqa: ASYNC110 - the check reaches the engine
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(checker.close(), 5)
+        await asyncio.wait_for(running, 1)  # ended quietly, not raised
+        assert running.exception() is None
+        await checker.check(checks[0])  # a closed checker takes nothing more
+        got = await stats(stage, "t")
+    assert len(engine.calls) == 1
+    assert "verified" not in got and "undecided" not in got

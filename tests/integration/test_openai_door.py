@@ -76,14 +76,16 @@ def losing_stack(services: Services, migrated: str, tmp_path: Path) -> Iterator[
         yield stack
 
 
-async def refused_503_then_504(stack: Stack, request: Callable[[str], Awaitable[Any]]) -> None:
-    """With its only chat worker killed: ``request`` is refused 503 (Retry-After, `overloaded`)
-    once the dead worker's heartbeat lapses; with a worker that looks alive and takes nothing,
-    a streamed ``request`` gets 504 after the queue deadline."""
+async def refused_503_then_504(
+    stack: Stack, request: Callable[[str, bool], Awaitable[Any]]
+) -> None:
+    """With its only chat worker killed: ``request(text, stream)`` is refused 503 (Retry-After,
+    `overloaded`) once the dead worker's heartbeat lapses; with a worker that looks alive and
+    takes nothing, a streamed one gets 504 after the queue deadline."""
     wait = time.monotonic() + 15
     while True:  # until the dead worker's heartbeat has lapsed
         try:
-            await request("x")
+            await request("x", False)
         except openai.InternalServerError as exc:
             if exc.status_code == 503:
                 assert int(exc.response.headers["retry-after"]) >= 1
@@ -95,7 +97,7 @@ async def refused_503_then_504(stack: Stack, request: Callable[[str], Awaitable[
     stack.redis().zadd(Keys(stack.prefix).worker_heartbeats(CHAT_QUEUE), {"ghost": 1e12})
     started = time.monotonic()
     with pytest.raises(openai.InternalServerError) as late:
-        await request("y")
+        await request("y", True)
     assert late.value.status_code == 504
     assert 1.4 <= time.monotonic() - started < 5
 
@@ -320,9 +322,9 @@ async def test_worker_loss_503_504_and_a_mid_stream_error_event(
         assert killed and "worker" in failed.value.message
         assert failed.value.body["code"] == "engine_error"  # type: ignore[index]
 
-        async def ask(text: str) -> Any:
+        async def ask(text: str, stream: bool) -> Any:
             return await client.chat.completions.create(
-                model=model, messages=user(text), stream=text == "y"
+                model=model, messages=user(text), stream=stream
             )
 
         await refused_503_then_504(stack, ask)

@@ -386,10 +386,8 @@ async def test_worker_loss_is_a_failed_response(
                 assert event.response.error is not None  # type: ignore[union-attr]
         assert kinds[-2:] == ["error", "response.failed"], kinds
 
-        async def ask(text: str) -> Any:
-            return await client.responses.create(
-                model=model_of(stack), input=text, stream=text == "y"
-            )
+        async def ask(text: str, stream: bool) -> Any:
+            return await client.responses.create(model=model_of(stack), input=text, stream=stream)
 
         await refused_503_then_504(stack, ask)
         await client.close()

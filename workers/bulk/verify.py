@@ -3,13 +3,16 @@ against the engine here, in the bulk pool (workers/cache/checker.py says how).
 
 The task only hands the check to the process loop and returns: a check waits seconds on the
 engine, and a pool thread held that long would hold up the durable writes behind it. It is
-acknowledged on receipt: a check lost with its worker is one sample fewer, nothing owed.
+acknowledged on receipt, and not among the work a stopping worker waits for: a check lost with
+its worker is one sample fewer, nothing owed (the checker cancels those still running when it
+closes).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 
 from shared.keys import CACHE_VERIFY_TASK
 from shared.tasks import VerifyJob
@@ -24,7 +27,7 @@ log = logging.getLogger(__name__)
 
 @app.task(name=CACHE_VERIFY_TASK)
 def cache_verify(check: dict[str, Any]) -> None:
-    runner.submit(_check(VerifyJob.model_validate(check)))
+    asyncio.run_coroutine_threadsafe(_check(VerifyJob.model_validate(check)), runner.loop())
 
 
 async def _check(job: VerifyJob) -> None:
@@ -39,4 +42,4 @@ def checker(ctx: WorkerContext) -> Checker:
     """The process's checker, made on its first check."""
     if ctx.cache_checker is None:
         ctx.cache_checker = Checker(ctx)
-    return ctx.cache_checker  # type: ignore[return-value]
+    return cast(Checker, ctx.cache_checker)

@@ -10,21 +10,23 @@ re-read the threshold in force from there) and a served entry judged wrong is dr
 everywhere. Nothing of it runs in a process that relays tokens.
 
 At most ``cache_verify_concurrency`` checks run at once in a process; a job that finds every
-slot taken, or that waited longer than ``MAX_WAIT_S`` in the queue, is skipped and counted
-(``skipped_busy``), never queued again: verification never backs up behind a busy engine or
-a backlog of writes. Each engine call (the re-ask, the LLM judge's question) is charged to the
-tenant's rate limits before it is sent and billed once answered (workers/cache/charge.py);
-one the limits refuse is skipped and counted (``skipped_limit``). With
-``cache_verify_priority`` set, the calls carry that vLLM request priority, so a vLLM
+slot taken (``skipped_busy``), or that waited longer than ``MAX_WAIT_S`` in the queue
+(``skipped_stale``), is skipped and counted, never queued again: verification never backs up
+behind a busy engine or a backlog of writes. Each engine call (the re-ask, the LLM judge's
+question) is charged to the tenant's rate limits before it is sent and billed once answered
+(workers/cache/charge.py); one the limits refuse is skipped and counted (``skipped_limit``).
+With ``cache_verify_priority`` set, the calls carry that vLLM request priority, so a vLLM
 scheduling by priority runs the chats' requests (priority 0) ahead of them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -42,7 +44,7 @@ from workers.resources import WorkerContext
 
 log = logging.getLogger(__name__)
 
-# An engine call of a check that takes longer is given up (its slot freed).
+# A check that takes longer (its engine calls and judge together) is given up, its slot freed.
 VERIFY_TIMEOUT_S = 120.0
 # A job older than this when a bulk worker reads it is skipped: after a backlog (a database
 # outage that held the bulk pool), a flood of stale checks would compete with the chats.
@@ -67,38 +69,64 @@ class Checker:
         self._embed = embed
         self._embedder: Any = None
         self._embedder_lock = asyncio.Lock()
-        self._busy = 0
+        # One embedding at a time, off the loop, as in the chat worker's cache stage.
+        self._embed_pool = ThreadPoolExecutor(1, thread_name_prefix="verify-embed")
+        self._running: set[asyncio.Task[Any]] = set()
+        self._closed = False
 
     async def check(self, job: VerifyJob) -> None:
         """Check one job; never raises (a failed check is logged, as a lost sample)."""
-        tenant = job.chat.tenant_id
-        if (
-            self._busy >= self.settings.cache_verify_concurrency
-            or time.time() - job.sampled_at > MAX_WAIT_S
-        ):
-            # Skipped, not queued: verification never backs up behind the engine.
-            await self.verdicts.count_skipped(tenant, "busy")
-            return
-        self._busy += 1
+        task = asyncio.current_task()
         try:
-            fresh = job.fresh
-            if fresh is None:
-                chat = job.chat
-                reask = self._ask(
-                    job, "reask", chat.messages, job.model, chat.max_tokens, chat.temperature
-                )
-                fresh = await asyncio.wait_for(reask, VERIFY_TIMEOUT_S)
-                if fresh is None:
-                    return  # the tenant's limits refused it (counted)
-            await self._compare(job, fresh)
+            if self._closed:
+                return
+            if len(self._running) >= self.settings.cache_verify_concurrency:
+                # Skipped, not queued: verification never backs up behind the engine.
+                await self.verdicts.count_skipped(job.chat.tenant_id, "busy")
+                return
+            if time.time() - job.sampled_at > MAX_WAIT_S:
+                await self.verdicts.count_skipped(job.chat.tenant_id, "stale")
+                return
+            if task is not None:
+                self._running.add(task)
+            async with asyncio.timeout(VERIFY_TIMEOUT_S):
+                await self._check(job)
+        except asyncio.CancelledError:
+            if not self._closed:
+                raise
+        except TimeoutError:
+            log.warning("a cache verification took over %gs and was given up", VERIFY_TIMEOUT_S)
         except Exception:
             log.warning("a cache verification failed", exc_info=True)
         finally:
-            self._busy -= 1
+            if task is not None:
+                self._running.discard(task)
+
+    async def _check(self, job: VerifyJob) -> None:
+        fresh = job.fresh
+        if fresh is None:
+            chat = job.chat
+            fresh = await self._ask(
+                job, "reask", chat.messages, job.model, chat.max_tokens, chat.temperature
+            )
+            if fresh is None:
+                return  # the tenant's limits refused it (counted)
+        await self._compare(job, fresh)
 
     async def close(self) -> None:
-        if self._embedder is not None:
-            self._embedder.close()
+        """Stop the checks still running (each is one sample fewer, nothing owed), then the
+        embedder: a bulk worker's shutdown does not wait on the engine for them."""
+        self._closed = True
+        for task in list(self._running):
+            task.cancel()
+        for task in list(self._running):
+            with contextlib.suppress(BaseException):
+                await task
+        async with self._embedder_lock:
+            embedder, self._embedder = self._embedder, None
+        if embedder is not None:
+            embedder.close()
+        self._embed_pool.shutdown(wait=False)
 
     # --- the engine's answer ------------------------------------------------------------
     async def _ask(
@@ -191,13 +219,19 @@ class Checker:
     async def _vectors(self, texts: list[str]) -> list[Vector]:
         if self._embed is not None:
             return await self._embed(texts)
+        loop = asyncio.get_running_loop()
         async with self._embedder_lock:
+            if self._closed:
+                raise ConnectionError("the checker is closing")
             if self._embedder is None:
                 from workers.embeddings.factory import make_embedder
 
                 # Off the loop: the model loads for seconds; the bulk worker's writes go on.
-                self._embedder = await asyncio.to_thread(make_embedder, self.settings)
-        return list(await asyncio.to_thread(self._embedder.embed, texts))
+                self._embedder = await loop.run_in_executor(
+                    self._embed_pool, make_embedder, self.settings
+                )
+            embedder = self._embedder
+        return list(await loop.run_in_executor(self._embed_pool, embedder.embed, texts))
 
     async def _score_judge(self, cached: str, fresh: str) -> bool | None:
         url = self.settings.cache_verify_score_url

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ANSWERS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "answers"
-# The cuts a fit may choose from.
-CUTS = tuple(round(0.50 + 0.01 * i, 2) for i in range(50))
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +74,10 @@ def load_answer_folds(root: Path = ANSWERS_DIR) -> dict[str, list[AnswerPair]]:
                 continue
             try:
                 row = json.loads(line)
-                pairs.append(
-                    AnswerPair(row["q"], row["a"], row["b"], bool(row["same"]), row["category"])
-                )
-            except (ValueError, KeyError) as exc:
+                if not isinstance(row["same"], bool):
+                    raise ValueError(f"same is {row['same']!r}, not true or false")
+                pairs.append(AnswerPair(row["q"], row["a"], row["b"], row["same"], row["category"]))
+            except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"{path}:{n}: not an answer pair ({exc})") from None
         folds[path.stem.removeprefix("answers_")] = pairs
     if not folds:
@@ -110,9 +108,10 @@ def fit_cut(
     scores: Sequence[float], labels: Sequence[bool], max_false_agree: float
 ) -> float | None:
     """The lowest cut whose false agreements are within ``max_false_agree`` (the lowest: it
-    calls the fewest agreeing answers wrong); None when no cut keeps any agreeing pair above
-    it within that."""
-    for cut in CUTS:
+    calls the fewest agreeing answers wrong), among the scores themselves (so any judge's scale
+    does: a cosine, a cross-encoder's probability or logit); None when no cut keeps any
+    agreeing pair above it within that."""
+    for cut in sorted(set(scores)):
         rates = cut_rates(scores, labels, cut)
         if rates.false_agree_rate <= max_false_agree and rates.false_disagree < rates.agreeing:
             return cut
@@ -126,9 +125,10 @@ def leave_one_out(
 ) -> list[FoldResult]:
     """For each fold, the cut fitted on the others, and its rates on this one."""
     out = []
-    for fold in scores:
-        fit_scores = [s for f in scores if f != fold for s in scores[f]]
-        fit_labels = [y for f in labels if f != fold for y in labels[f]]
+    folds = list(scores)
+    for fold in folds:
+        fit_scores = [s for f in folds if f != fold for s in scores[f]]
+        fit_labels = [y for f in folds if f != fold for y in labels[f]]
         cut = fit_cut(fit_scores, fit_labels, max_false_agree)
         rates = (
             cut_rates(scores[fold], labels[fold], cut)

@@ -269,11 +269,6 @@ class CacheStore:
             await self.evict(entry.tenant, size - self.max_entries)
         return entry_id
 
-    async def drop(self, tenant: str, entry_id: str) -> None:
-        """Drop one entry everywhere (judged wrong by a verification)."""
-        await drop_entry(self.redis, self.keys, tenant, entry_id)
-        self.index.remove(int(entry_id))
-
     async def evict(self, tenant: str, count: int) -> list[str]:
         """Drop the tenant's ``count`` least recently used entries everywhere."""
         popped = await self.redis.zpopmin(self.keys.cache_lru(tenant), count)

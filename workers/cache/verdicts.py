@@ -12,7 +12,7 @@ from shared.settings import Settings
 from workers.cache.online import Estimate, Verdicts, bucket_of, estimate
 
 TIERS = ("exact", "semantic", "miss")
-SKIPPED = ("busy", "limit")  # why a sampled verification was not made
+SKIPPED = ("busy", "stale", "limit")  # why a sampled verification was not made
 
 
 class VerdictStore:
@@ -52,8 +52,9 @@ class VerdictStore:
             await pipe.execute()
 
     async def count_skipped(self, tenant: str, reason: str) -> None:
-        """A sampled verification not made: ``busy`` (every slot taken) or ``limit`` (the
-        tenant's rate limits refused its engine call)."""
+        """A sampled verification not made: ``busy`` (every slot taken), ``stale`` (it waited
+        too long in the bulk queue) or ``limit`` (the tenant's rate limits refused its engine
+        call)."""
         stats = self.keys.cache_stats(tenant)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hincrby(stats, "skipped", 1)

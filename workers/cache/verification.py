@@ -45,9 +45,14 @@ class VerifiedStage(Protocol):
     def background(self, coro: object) -> None: ...
 
 
+# Checks kept waiting for a bulk worker at most: with none running, the oldest go first.
+MAX_WAITING_CHECKS = 10_000
+
+
 def enqueue(ctx: WorkerContext) -> Send:
     """Sending a check to the bulk pool, on the worker's pipe (a lost one is a lost sample)."""
     queue = ctx.keys.verify_list().encode()
+    keep = b"%d" % (MAX_WAITING_CHECKS - 1)
 
     def send(check: VerifyJob) -> None:
         message = task_message(
@@ -55,6 +60,8 @@ def enqueue(ctx: WorkerContext) -> Send:
         )
         try:
             ctx.pipe.send((b"LPUSH", queue, message.encode()))
+            # kombu pops from the tail: the trim drops the oldest (they would be stale anyway).
+            ctx.pipe.send((b"LTRIM", queue, b"0", keep))
         except ConnectionError:
             log.warning("Redis unreachable: a cache verification was not sent")
 
@@ -77,7 +84,10 @@ class OnlineVerifier:
             base=base,
             min_verified=s.cache_verify_min,
             ceiling=max(1.0, base),
-            errors=JudgeErrors(s.cache_verify_false_disagree, s.cache_verify_false_agree),
+            errors=JudgeErrors(
+                false_disagree=s.cache_verify_false_disagree,
+                false_agree=s.cache_verify_false_agree,
+            ),
         )
         self._thresholds: dict[str, tuple[float, float]] = {}
         self._refreshing: set[str] = set()
