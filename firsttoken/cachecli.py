@@ -380,7 +380,7 @@ def add_parser(subparsers: Any) -> None:
         "calibrate",
         help="Measure traps and paraphrases served per similarity threshold.",
         description="Evaluate the sets at each threshold of --grid with the worker's own policy, "
-        "print traps served (with the 95%% upper bound that FIRSTTOKEN_CACHE_MAX_ERROR_RATE is "
+        "print traps served (with the 95% upper bound that FIRSTTOKEN_CACHE_MAX_ERROR_RATE is "
         "compared with) and paraphrases served, and with --write store the table for this "
         "embedding model in workers/cache/calibrated.json, where the workers choose their "
         "threshold from it. Calibrate on validation; report holdout only as a final check.",

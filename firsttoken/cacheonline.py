@@ -148,7 +148,7 @@ def add_parsers(actions: Any) -> None:
         "every near miss is verified (the engine's answer is the cached one exactly when the "
         "pair is same-answer; the judge errs --judge-error of the time), and the threshold "
         "moves with the verdicts (workers/cache/online.py). Prints the estimated wrong-serve "
-        "rate, its 95%% bound and the true rate at the threshold in force.",
+        "rate, its 95% bound and the true rate at the threshold in force.",
     )
     p.add_argument("--sets", default=REPLAY_SETS)
     p.add_argument("--data-dir", default=None)
@@ -175,7 +175,7 @@ def add_parsers(actions: Any) -> None:
         description="Read the cache's per-tenant counters and verdicts from Redis and print, per "
         "tenant, lookups, hits by tier, verified lookups, disagreements, verifications "
         "skipped (every slot busy, waited too long, or refused by the tenant's rate limits), the "
-        "estimated wrong-serve rate with its 95%% upper bound, and the threshold in force.",
+        "estimated wrong-serve rate with its 95% upper bound, and the threshold in force.",
     )
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.set_defaults(fn=_cmd_report)
