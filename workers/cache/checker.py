@@ -39,7 +39,7 @@ from workers.cache.index import Vector
 from workers.cache.online import agrees, parse_score, parse_yes_no
 from workers.cache.store import drop_entry
 from workers.cache.verdicts import VerdictStore
-from workers.engines.base import EngineRequest
+from workers.engines.base import Engine, EngineRequest
 from workers.resources import WorkerContext
 
 log = logging.getLogger(__name__)
@@ -146,24 +146,19 @@ class Checker:
             await self.verdicts.count_skipped(chat.tenant_id, "limit")
             return None
         started = time.time()
-        answered = await self._engine(job, call, messages, model, max_tokens, temperature)
+        engine, request = self._request(model, messages, max_tokens, temperature)
+        answered = await self._engine(job, call, engine, request)
         await self.charges.settle(chat, call, charged(answered, reserved))
         self.charges.bill(
             chat, call, model, answered, prompt_estimate=reserved - max_tokens, started=started
         )
         return answered.text
 
-    async def _engine(
-        self,
-        job: VerifyJob,
-        call: Call,
-        messages: list[Message],
-        model: str,
-        max_tokens: int,
-        temperature: float | None,
-    ) -> Answered:
+    def _request(
+        self, model: str, messages: list[Message], max_tokens: int, temperature: float | None
+    ) -> tuple[Engine, EngineRequest]:
+        """The engine serving ``model`` and the request a check sends it."""
         spec = self.ctx.models.get(model)
-        engine = self.ctx.engine_for(spec)
         request = EngineRequest(
             messages=messages,
             model=spec.engine_model,
@@ -171,6 +166,11 @@ class Checker:
             temperature=temperature,
             priority=self.settings.cache_verify_priority,  # behind the chats, where set
         )
+        return self.ctx.engine_for(spec), request
+
+    async def _engine(
+        self, job: VerifyJob, call: Call, engine: Engine, request: EngineRequest
+    ) -> Answered:
         parts: list[str] = []
         last = None
         async for delta in engine.stream(request, request_id=request_id(job.chat, call)):

@@ -64,9 +64,8 @@ def test_the_verifications_engine_request_has_the_settings_priority(priority: in
     checker = Checker(cast(Any, ctx))
     chat = SimpleNamespace(job_id="j")
     job = SimpleNamespace(chat=chat)
-    answered = asyncio.run(
-        checker._engine(cast(Any, job), "reask", REQUEST.messages, "sim", 8, None)
-    )
+    engine_for_sim, request = checker._request("sim", REQUEST.messages, 8, None)
+    answered = asyncio.run(checker._engine(cast(Any, job), "reask", engine_for_sim, request))
     assert answered == Answered("fresh", "stop", 3, 1, None)
     (sent,) = engine.requests
     assert sent.priority == priority
