@@ -279,15 +279,23 @@ def test_health_ready_and_metrics(stack: Stack) -> None:
 
 
 def _enqueue_directly(
-    stack: Stack, content: str, *, age_s: float, deadline_in_s: float, cancelled: bool = False
+    stack: Stack,
+    content: str,
+    *,
+    age_s: float,
+    deadline_in_s: float,
+    cancelled: bool = False,
+    model: str | None = None,
+    until: str = "E",
+    job_id: str | None = None,
 ) -> list[str]:
     """Put a chat job on the queue as a gateway would (received `age_s` ago, its deadline
     `deadline_in_s` from now; with `cancelled`, its cancel flag set as the gateway sets it when
-    the client cancels a queued chat) and return its channel's messages up to its first error
-    (at most 10 s)."""
+    the client cancels a queued chat) and return its channel's messages up to the first of kind
+    `until` (at most 10 s)."""
     keys = Keys(stack.prefix)
     r = stack.redis()
-    job_id = new_id()
+    job_id = job_id or new_id()
     if cancelled:
         r.set(keys.cancel_flag(job_id), "1", ex=60)
     pubsub = r.pubsub()
@@ -299,6 +307,7 @@ def _enqueue_directly(
         tenant_id="t",
         key_id="k",
         messages=[{"role": "user", "content": content}],  # type: ignore[list-item]
+        model=model,
         max_tokens=8,
         received_at=now - age_s,
         enqueued_at=now - age_s,
@@ -310,7 +319,7 @@ def _enqueue_directly(
     )
     messages: list[str] = []
     deadline = time.monotonic() + 10
-    while not any(m.startswith("E\n") for m in messages) and time.monotonic() < deadline:
+    while not any(m.startswith(until) for m in messages) and time.monotonic() < deadline:
         m = pubsub.get_message(timeout=0.5)
         if m and m["type"] == "message":
             messages.append(m["data"])
@@ -344,6 +353,33 @@ def test_a_job_cancelled_while_queued_streams_nothing_and_leaves_no_engine_reque
         time.sleep(0.05)
     assert stack.sim_metric("firsttoken_sim_requests_running") == 0
     assert stack.sim_metric("firsttoken_sim_requests_finished_total") == finished
+
+
+def test_a_running_chat_is_leased_and_started_before_its_first_token(stack: Stack) -> None:
+    """The lease and `started` are queued once the engine request is out (off the first
+    token's path), still ahead of the answer: a chat streaming has its lease, and its
+    channel says `started` before the first token."""
+    keys, r, job_id = Keys(stack.prefix), stack.redis(), new_id()
+    messages = _enqueue_directly(
+        stack, "a leased chat", age_s=0, deadline_in_s=30, until="T", job_id=job_id
+    )
+    assert [m[:1] for m in messages][:2] == ["S", "T"], messages
+    leases = list(r.scan_iter(keys.worker_jobs("*")))
+    assert any(r.hexists(key, job_id) for key in leases), leases
+
+
+def test_a_chat_failing_before_its_engine_request_leaves_no_lease(stack: Stack) -> None:
+    """A job for a model no table names (enqueued past the gateway's check) ends
+    `invalid_request` while its prompt is built, before or after its lease was queued: no
+    lease of it is left for a survivor to take over."""
+    keys, r, job_id = Keys(stack.prefix), stack.redis(), new_id()
+    messages = _enqueue_directly(
+        stack, "no such model", age_s=0, deadline_in_s=30, model="no-such-model", job_id=job_id
+    )
+    assert messages and messages[-1].startswith("E"), messages
+    assert json.loads(messages[-1].split("\n", 1)[1])["code"] == "invalid_request"
+    time.sleep(0.2)  # the release is queued right after the error
+    assert not any(r.hexists(key, job_id) for key in r.scan_iter(keys.worker_jobs("*")))
 
 
 async def test_celery_itself_starts_the_same_chat_worker(

@@ -162,6 +162,8 @@ class ChatRun:
         self._task: asyncio.Task[Any] | None = None
         # Whether the client cancelled while the job was queued: read with the `started` chunk.
         self._queued_cancel: asyncio.Future[object] | None = None
+        # The lease and `started`, queued at the chat's first wait (see _admit).
+        self._announcement: asyncio.Handle | None = None
         # Set by cancel(). Task cancellation alone is not enough: a CancelledError raised
         # inside a Redis client call can come out as a timeout error, or be absorbed by an
         # awaited helper task, and the chat would then run on. The flag is checked at every
@@ -213,6 +215,10 @@ class ChatRun:
             else:
                 await self._failed(exc)
         finally:
+            if self._announcement is not None:
+                # Ended before its first wait: nothing was held, nor is now.
+                self._announcement.cancel()
+                self._announcement = None
             self.ctx.running.pop(self.job.job_id, None)
             self.ctx.leases.release(self.job.job_id)
             for helper in self._helpers:
@@ -236,14 +242,32 @@ class ChatRun:
                 )
             )
             return False
+        # Queued at the chat's first wait, which on a plain chat is once the engine request is
+        # written: the lease serialises the whole job, and the request need not wait for it.
+        self._announcement = asyncio.get_running_loop().call_soon(self._announce)
+        return True
+
+    def _announce(self) -> None:
+        """Queue the chat's lease, then its `started` (with the queued-cancel read), on the
+        pipe; once, before anything of the answer is sent (:meth:`_check_queued_cancel`)."""
+        if self._announcement is None:
+            return
+        self._announcement.cancel()
+        self._announcement = None
+        job = self.job
         # The lease first, on the same pipe: whenever the gateway hears of this worker, a
         # survivor can take the chat over (workers/chat/failover.py).
         self.ctx.leases.hold(job)
-        self._queued_cancel = self.publisher.start(
-            now, self.ctx.keys.cancel_flag(job.job_id), worker=self.ctx.name
-        )
+        try:
+            self._queued_cancel = self.publisher.start(
+                self.points["worker_start"], self.ctx.keys.cancel_flag(job.job_id),
+                worker=self.ctx.name,
+            )  # fmt: skip
+        except ConnectionError as exc:  # Redis is gone: the chat's next step says so
+            self._queued_cancel = asyncio.get_running_loop().create_future()
+            self._queued_cancel.set_exception(exc)
+            return
         self._queued_cancel.add_done_callback(self._on_start_reply)
-        return True
 
     def _on_start_reply(self, reply: asyncio.Future[object]) -> None:
         """Cancelled while queued: stop at once, wherever the chat is (the engine request
@@ -254,6 +278,7 @@ class ChatRun:
     async def _check_queued_cancel(self) -> None:
         """Before anything is sent: stop a chat the client cancelled while it was queued (rare;
         the answer came with the `started` chunk, long before the first token)."""
+        self._announce()
         assert self._queued_cancel is not None
         try:
             async with asyncio.timeout(QUEUED_CANCEL_WAIT_S):
