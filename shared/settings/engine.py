@@ -25,6 +25,14 @@ class EngineSettings(BaseModel):
     engine_model: str = Field("sim", min_length=1, description="Model name sent to the engine.")
     engine_api_key: str = Field("EMPTY", description="API key sent to the engine.")
     engine_connect_timeout_s: float = Field(5.0, gt=0, description="Engine connect timeout.")
+    engine_warm_s: float = Field(
+        600.0,
+        ge=0,
+        description="Keep a connection to each OpenAI-compatible engine open ahead of need "
+        "until this long after its last request (renewed before the server's keep-alive "
+        "closes it), so a chat after a quiet spell pays no connect before its first token; "
+        "0: connect only for requests.",
+    )
     vllm_model_path: str | None = Field(None, description="Model directory for engine=vllm.")
 
     # --- models and engine deadlines (issue 3) --------------------------------------------

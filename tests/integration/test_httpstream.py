@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.engines.httpstream import HIGH_WATER, HTTPStreamPool, ProtocolError
+from workers.engines.httpstream import END_WAIT_S, HIGH_WATER, HTTPStreamPool, ProtocolError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -257,6 +257,99 @@ async def test_abandoning_a_half_read_response_closes_its_connection() -> None:
         # and a reader waiting on it is told
         with pytest.raises(ConnectionError):
             await response.next_data()
+
+
+async def test_a_response_read_to_its_last_event_keeps_its_connection_for_the_next() -> None:
+    """The chunked body's end comes a segment after `[DONE]`: a caller that stops at `[DONE]`
+    and closes the response leaves the connection to take it, and the next request reuses it
+    (no connect on its path)."""
+    ended = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            whole = sse_response(b"a", b"[DONE]")
+            writer.write(whole[: -len(b"0\r\n\r\n")])
+            await ended.wait()  # the caller has read [DONE] and let the response go
+            ended.clear()
+            writer.write(b"0\r\n\r\n")
+
+    async with serving(handler) as (server, pool):
+        for _ in range(2):
+            response = await pool.post(pool.request_head("/chat", {}), b"{}")
+            assert await response.next_data() == b"a"
+            assert await response.next_data() == b"[DONE]"
+            response.end_of_events()
+            response.close()
+            ended.set()
+            await asyncio.sleep(0.05)
+        assert server.connections == 1
+
+
+async def test_a_response_read_to_its_last_event_whose_body_never_ends_is_closed() -> None:
+    closed = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(sse_response(b"[DONE]")[: -len(b"0\r\n\r\n")])
+        if await reader.read(1) == b"":
+            closed.set()
+
+    async with serving(handler) as (_, pool):
+        response = await pool.post(pool.request_head("/chat", {}), b"{}")
+        assert await response.next_data() == b"[DONE]"
+        response.end_of_events()
+        response.close()
+        await asyncio.wait_for(closed.wait(), END_WAIT_S + 2.0)
+
+
+async def test_a_warm_pool_replaces_its_connection_before_the_keep_alive_runs_out() -> None:
+    """With `warm_s`, an idle connection past its keep-alive is closed and a fresh one opened
+    ahead of the next request, which then connects nothing on its path; without, the request
+    connects."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(sse_response(b"x"))
+
+    for warm_s, connects_on_path in ((60.0, 0), (0.0, 1)):
+        server = Server(handler)
+        port = await server.start()
+        pool = HTTPStreamPool(
+            f"http://127.0.0.1:{port}", connect_timeout_s=2.0, keepalive_s=0.2, warm_s=warm_s
+        )
+        try:
+            await post(pool)
+            await asyncio.sleep(0.5)  # between the second and the third replacement, if warm
+            opened = server.connections
+            assert opened >= 2 if warm_s else opened == 1, opened
+            await post(pool)
+            assert server.connections - opened == connects_on_path
+        finally:
+            await pool.aclose()
+            await server.stop()
+
+
+async def test_a_warm_pool_stops_opening_connections_after_warm_s() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(sse_response(b"x"))
+
+    server = Server(handler)
+    port = await server.start()
+    pool = HTTPStreamPool(
+        f"http://127.0.0.1:{port}", connect_timeout_s=2.0, keepalive_s=0.1, warm_s=0.25
+    )
+    try:
+        await post(pool)
+        await asyncio.sleep(0.8)
+        # Replaced 0.1 and 0.2 s after the request; not at 0.3, past warm_s.
+        assert server.connections == 3, server.connections
+    finally:
+        await pool.aclose()
+        await server.stop()
 
 
 async def test_unreachable_server_is_an_os_error() -> None:

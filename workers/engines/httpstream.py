@@ -15,6 +15,12 @@ after ``keepalive_s``, below uvicorn's own 5 s, and a reused connection the serv
 closed is replaced once, before any byte of an answer), TLS for ``https://`` URLs, a connect
 deadline, back-pressure (reading pauses while a consumer is behind), and closing the
 connection when a response is abandoned half-read, which is how vLLM learns to abort.
+
+A warm connection (``warm_s``): chats seconds apart, a quiet hour's traffic, find every idle
+connection past its keep-alive, and a new one put a TCP (or TLS) handshake and the server's
+accept in front of each first token. So, until ``warm_s`` after the last request, when no
+connection is open the pool opens one ahead of need, and replaces it before the server's
+keep-alive would close it: one connect per ``keepalive_s`` per pool, off every chat's path.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ import httptools
 
 # Reading pauses when this many payloads wait for the consumer, and resumes below half of it.
 HIGH_WATER = 256
+# How long a response read to its last event waits for the end of its body (StreamedResponse.close).
+END_WAIT_S = 1.0
 
 
 class ProtocolError(ConnectionError):
@@ -63,6 +71,7 @@ class StreamedResponse:
         self._error: BaseException | None = None
         self._paused = False
         self.complete = False  # the whole response has arrived
+        self._read_to_end = False  # the caller read the stream's last event (end_of_events)
 
     @property
     def buffered(self) -> int:
@@ -105,9 +114,26 @@ class StreamedResponse:
             size += len(data)
         return b"".join(parts)[:limit]
 
+    def end_of_events(self) -> None:
+        """The caller read the stream's last event (OpenAI's `[DONE]`): what may still be on
+        its way is the body's end, so :meth:`close` then leaves the connection to take it
+        and go back to the pool."""
+        self._read_to_end = True
+
     def close(self) -> None:
         """Abandon the response: a half-read one closes its connection (the server sees the
-        client leave); a complete one has already gone back to the pool."""
+        client leave); a complete one has already gone back to the pool. One read to its last
+        event waits up to ``END_WAIT_S`` for the body's end (the chunked body's last chunk can
+        come a segment after the last event): closed, the connection would cost the next
+        request a connect on its first token's path."""
+        if self.complete:
+            return
+        if self._read_to_end and self._error is None:
+            self._conn.loop.call_later(END_WAIT_S, self._close_unless_complete)
+        else:
+            self._conn.close()
+
+    def _close_unless_complete(self) -> None:
         if not self.complete:
             self._conn.close()
 
@@ -247,7 +273,11 @@ class _Connection(asyncio.Protocol):
 class HTTPStreamPool:
     """Keep-alive connections to the server of ``url`` (``http://`` or ``https://``)."""
 
-    def __init__(self, url: str, *, connect_timeout_s: float, keepalive_s: float = 4.0) -> None:
+    def __init__(
+        self, url: str, *, connect_timeout_s: float, keepalive_s: float = 4.0, warm_s: float = 0.0
+    ) -> None:
+        """`warm_s`: keep a connection open ahead of need until this long after the last
+        request (see the module docstring); 0 opens connections only for requests."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
@@ -263,6 +293,11 @@ class HTTPStreamPool:
         self._keepalive_s = keepalive_s
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
+        self._warm_s = warm_s
+        self._last_request = -warm_s  # monotonic; nothing to keep warm for before the first
+        self._refresh: asyncio.TimerHandle | None = None
+        self._warming: asyncio.Task[None] | None = None
+        self._closed = False
 
     def request_head(self, path: str, headers: Mapping[str, str]) -> bytes:
         """The request line and fixed headers of a POST to ``base path + path``, without its
@@ -276,6 +311,7 @@ class HTTPStreamPool:
         headers are in. Raises OSError when the server cannot be reached, TimeoutError when
         connecting takes longer than the connect deadline."""
         request = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
+        self._last_request = time.monotonic()
         conn = self._take_idle()
         if conn is not None:
             try:
@@ -287,6 +323,12 @@ class HTTPStreamPool:
         return await self._exchange(await self._connect(), request)
 
     async def aclose(self) -> None:
+        self._closed = True
+        if self._refresh is not None:
+            self._refresh.cancel()
+            self._refresh = None
+        if self._warming is not None:
+            self._warming.cancel()
         for conn in list(self._all):
             conn.close()
         self._idle.clear()
@@ -329,6 +371,38 @@ class HTTPStreamPool:
     def _idle_again(self, conn: _Connection) -> None:
         conn.idle_since = time.monotonic()
         self._idle.append(conn)
+        if self._warm_s > 0 and self._refresh is None and not self._closed:
+            self._refresh = conn.loop.call_later(self._keepalive_s, self._keep_warm)
+
+    def _keep_warm(self) -> None:
+        """Close the idle connections past their keep-alive; while the pool is in use and no
+        connection is left open, open one (see the module docstring)."""
+        self._refresh = None
+        now = time.monotonic()
+        for conn in [c for c in self._idle if now - c.idle_since >= self._keepalive_s]:
+            self._idle.remove(conn)
+            conn.close()
+        if self._idle:  # come back when the youngest is due
+            due = self._keepalive_s - (now - self._idle[-1].idle_since)
+            self._refresh = self._idle[-1].loop.call_later(due, self._keep_warm)
+        elif (
+            now - self._last_request < self._warm_s
+            and self._warming is None
+            and not any(not c.closed for c in self._all)  # those in use come back idle
+        ):
+            self._warming = asyncio.ensure_future(self._open_warm())
+
+    async def _open_warm(self) -> None:
+        try:
+            conn = await self._connect()
+        except (OSError, TimeoutError):
+            return  # unreachable now: the next request connects, and says so, as without
+        finally:
+            self._warming = None
+        if self._closed:
+            conn.close()
+        else:
+            self._idle_again(conn)
 
     def _forget(self, conn: _Connection) -> None:
         self._all.discard(conn)

@@ -126,7 +126,10 @@ class OpenAIEngine:
         # too long. Connecting must fail fast, though.
         try:
             self._http = HTTPStreamPool(
-                url, connect_timeout_s=settings.engine_connect_timeout_s, keepalive_s=KEEPALIVE_S
+                url,
+                connect_timeout_s=settings.engine_connect_timeout_s,
+                keepalive_s=KEEPALIVE_S,
+                warm_s=settings.engine_warm_s,
             )
         except ValueError as exc:
             raise ConfigError(f"engine URL {url!r}: {exc}; use http://HOST:PORT/v1") from None
@@ -232,6 +235,7 @@ class OpenAIEngine:
         try:
             while (data := await next_data()) is not None:
                 if data == b"[DONE]":
+                    response.end_of_events()
                     break
                 chunk = orjson.loads(data)
                 if chunk.get("error") is not None:
