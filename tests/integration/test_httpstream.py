@@ -331,6 +331,31 @@ async def test_a_warm_pool_replaces_its_connection_before_the_keep_alive_runs_ou
             await server.stop()
 
 
+async def test_warming_a_pool_opens_the_connection_its_first_request_uses() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(sse_response(b"x"))
+
+    server = Server(handler)
+    port = await server.start()
+    pool = HTTPStreamPool(f"http://127.0.0.1:{port}", connect_timeout_s=2.0, warm_s=60.0)
+    try:
+        pool.warm()
+        pool.warm()  # one is opening: no second
+        for _ in range(100):
+            if server.connections:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert server.connections == 1
+        assert await post(pool) == [b"x"]
+        assert server.connections == 1
+    finally:
+        await pool.aclose()
+        await server.stop()
+
+
 async def test_a_warm_pool_stops_opening_connections_after_warm_s() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:

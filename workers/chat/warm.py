@@ -18,7 +18,12 @@ async def warm_chat_worker(ctx: WorkerContext) -> None:
     models = ctx.models
     retrieval.warm_up(ctx.settings, models)
     for spec in models:  # engine clients (and the SDK's imports) now, not on a first chat
-        ctx.engine_for(spec)
+        engine = ctx.engine_for(spec)
+        if spec.engine == "openai":  # and its connection: the first chat connects nothing
+            from workers.engines.openai_engine import OpenAIEngine
+
+            assert isinstance(engine, OpenAIEngine)
+            engine.warm()
     try:
         async with asyncio.timeout(5):
             await ctx.db.warm()

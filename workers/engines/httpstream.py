@@ -322,6 +322,15 @@ class HTTPStreamPool:
                 pass
         return await self._exchange(await self._connect(), request)
 
+    def warm(self) -> None:
+        """Open a connection now, ahead of the first request, and keep it warm (`warm_s` as if
+        a request had just been sent); nothing when the pool is not a warm one or one is open.
+        A server that cannot be reached now is left to the first request to report."""
+        if self._warm_s <= 0 or self._closed:
+            return
+        self._last_request = time.monotonic()
+        self._open_unless_open()
+
     async def aclose(self) -> None:
         self._closed = True
         if self._refresh is not None:
@@ -385,11 +394,13 @@ class HTTPStreamPool:
         if self._idle:  # come back when the youngest is due
             due = self._keepalive_s - (now - self._idle[-1].idle_since)
             self._refresh = self._idle[-1].loop.call_later(due, self._keep_warm)
-        elif (
-            now - self._last_request < self._warm_s
-            and self._warming is None
-            and not any(not c.closed for c in self._all)  # those in use come back idle
-        ):
+        elif now - self._last_request < self._warm_s:
+            self._open_unless_open()
+
+    def _open_unless_open(self) -> None:
+        """Open a connection for the pool unless one is open (those in use come back idle)
+        or opening."""
+        if self._warming is None and not any(not c.closed for c in self._all):
             self._warming = asyncio.ensure_future(self._open_warm())
 
     async def _open_warm(self) -> None:

@@ -305,6 +305,11 @@ class OpenAIEngine:
         if response is not None:
             response.close()
 
+    def warm(self) -> None:
+        """Open a connection to the server ahead of the first request (a warm pool only;
+        see workers/engines/httpstream.py)."""
+        self._http.warm()
+
     async def aclose(self) -> None:
         for request_id in list(self._active):
             await self.abort(request_id)
