@@ -36,6 +36,9 @@ import orjson
 REDIS = ("127.0.0.1", 6379)
 QUEUE = b"firsttoken-skeleton:queue"
 SSE_DONE = b"data: [DONE]\n\n"
+# --late-headers: the HTTP door's headers go out with the first token (as firsttoken's door
+# sends them, so that an error before it has its own status), not as soon as the job is queued.
+LATE_HEADERS = os.environ.get("SKELETON_LATE_HEADERS") == "1"
 JSON = [(b"content-type", b"application/json")]
 SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
@@ -162,9 +165,14 @@ def gateway_app() -> Any:
                 break
         events: asyncio.Queue[bytes] = asyncio.Queue()
         enqueue("c", orjson.loads(raw)["messages"], send, events)
-        await send({"type": "http.response.start", "status": 200, "headers": SSE})
-        while (event := await events.get()) != SSE_DONE:
+        if not LATE_HEADERS:
+            await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        event = await events.get()
+        if LATE_HEADERS:
+            await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        while event != SSE_DONE:
             await send({"type": "http.response.body", "body": event, "more_body": True})
+            event = await events.get()
         await send({"type": "http.response.body", "body": event})
 
     return app
@@ -272,6 +280,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=96, help="requests per run, all modes")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument(
+        "--late-headers",
+        action="store_true",
+        help="the HTTP door sends its headers with the first token, not once the job is queued",
+    )
     p.add_argument("--role", choices=["gateway", "worker"], help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--engine-url", help=argparse.SUPPRESS)
@@ -285,6 +298,8 @@ def main() -> None:
     if args.role == "worker":
         run_worker(args.engine_url, profile.max_tokens)
         return
+    if args.late_headers:
+        os.environ["SKELETON_LATE_HEADERS"] = "1"  # for the gateway process
     sim_port, gw_port = _free_port(), _free_port()
     engine_url = f"http://127.0.0.1:{sim_port}/v1"
     me = [sys.executable, os.path.abspath(__file__)]
