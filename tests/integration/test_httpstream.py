@@ -63,15 +63,29 @@ class Server:
 
 
 @contextlib.asynccontextmanager
-async def serving(handler: Handler) -> AsyncIterator[tuple[Server, HTTPStreamPool]]:
+async def serving(
+    handler: Handler, *, keepalive_s: float = 4.0, warm_s: float = 0.0
+) -> AsyncIterator[tuple[Server, HTTPStreamPool]]:
     server = Server(handler)
     port = await server.start()
-    pool = HTTPStreamPool(f"http://127.0.0.1:{port}/v1", connect_timeout_s=2.0)
+    pool = HTTPStreamPool(
+        f"http://127.0.0.1:{port}/v1",
+        connect_timeout_s=2.0,
+        keepalive_s=keepalive_s,
+        warm_s=warm_s,
+    )
     try:
         yield server, pool
     finally:
         await pool.aclose()
         await server.stop()
+
+
+async def answer_each(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answer every request on the connection with one event."""
+    while True:
+        await read_request(reader)
+        writer.write(sse_response(b"x"))
 
 
 async def post(pool: HTTPStreamPool, body: bytes = b"{}") -> list[bytes]:
@@ -148,22 +162,11 @@ async def test_a_fresh_connection_dropped_unanswered_raises() -> None:
 
 
 async def test_idle_connections_older_than_keepalive_are_not_reused() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            await read_request(reader)
-            writer.write(sse_response(b"x"))
-
-    server = Server(handler)
-    port = await server.start()
-    pool = HTTPStreamPool(f"http://127.0.0.1:{port}", connect_timeout_s=2.0, keepalive_s=0.05)
-    try:
+    async with serving(answer_each, keepalive_s=0.05) as (server, pool):
         await post(pool)
         await asyncio.sleep(0.1)
         await post(pool)
         assert server.connections == 2
-    finally:
-        await pool.aclose()
-        await server.stop()
 
 
 async def test_reading_pauses_while_the_consumer_is_behind_and_nothing_is_lost() -> None:
@@ -307,40 +310,18 @@ async def test_a_warm_pool_replaces_its_connection_before_the_keep_alive_runs_ou
     """With `warm_s`, an idle connection past its keep-alive is closed and a fresh one opened
     ahead of the next request, which then connects nothing on its path; without, the request
     connects."""
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            await read_request(reader)
-            writer.write(sse_response(b"x"))
-
     for warm_s, connects_on_path in ((60.0, 0), (0.0, 1)):
-        server = Server(handler)
-        port = await server.start()
-        pool = HTTPStreamPool(
-            f"http://127.0.0.1:{port}", connect_timeout_s=2.0, keepalive_s=0.2, warm_s=warm_s
-        )
-        try:
+        async with serving(answer_each, keepalive_s=0.2, warm_s=warm_s) as (server, pool):
             await post(pool)
             await asyncio.sleep(0.5)  # between the second and the third replacement, if warm
             opened = server.connections
             assert opened >= 2 if warm_s else opened == 1, opened
             await post(pool)
             assert server.connections - opened == connects_on_path
-        finally:
-            await pool.aclose()
-            await server.stop()
 
 
 async def test_warming_a_pool_opens_the_connection_its_first_request_uses() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            await read_request(reader)
-            writer.write(sse_response(b"x"))
-
-    server = Server(handler)
-    port = await server.start()
-    pool = HTTPStreamPool(f"http://127.0.0.1:{port}", connect_timeout_s=2.0, warm_s=60.0)
-    try:
+    async with serving(answer_each, warm_s=60.0) as (server, pool):
         pool.warm()
         pool.warm()  # one is opening: no second
         for _ in range(100):
@@ -351,30 +332,14 @@ async def test_warming_a_pool_opens_the_connection_its_first_request_uses() -> N
         assert server.connections == 1
         assert await post(pool) == [b"x"]
         assert server.connections == 1
-    finally:
-        await pool.aclose()
-        await server.stop()
 
 
 async def test_a_warm_pool_stops_opening_connections_after_warm_s() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            await read_request(reader)
-            writer.write(sse_response(b"x"))
-
-    server = Server(handler)
-    port = await server.start()
-    pool = HTTPStreamPool(
-        f"http://127.0.0.1:{port}", connect_timeout_s=2.0, keepalive_s=0.1, warm_s=0.25
-    )
-    try:
+    async with serving(answer_each, keepalive_s=0.1, warm_s=0.25) as (server, pool):
         await post(pool)
         await asyncio.sleep(0.8)
         # Replaced 0.1 and 0.2 s after the request; not at 0.3, past warm_s.
         assert server.connections == 3, server.connections
-    finally:
-        await pool.aclose()
-        await server.stop()
 
 
 async def test_unreachable_server_is_an_os_error() -> None:

@@ -47,6 +47,7 @@ from workers.chat.failover import LeaseKeeper
 from workers.chat.generate import Generation, job_generation
 from workers.chat.publish import JobPublisher
 from workers.chat.record import Outcome, record
+from workers.chat.started import ChatStart
 from workers.chat.stream import TokenStream
 from workers.chat.takeover import Takeover
 from workers.engines.base import Delta
@@ -57,10 +58,6 @@ from workers.runtime import runner
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# The `started` chunk's reply (with the queued-cancel flag) normally arrives in a round trip;
-# this long without it, Redis is gone and the chat ends with an error instead of waiting.
-QUEUED_CANCEL_WAIT_S = 5.0
 
 
 @app.task(name=CHAT_TASK, ignore_result=True, acks_late=False)
@@ -160,10 +157,8 @@ class ChatRun:
         self._prepared: retrieval.Prepared | None = None
         self._helpers: list[asyncio.Future[Any]] = []
         self._task: asyncio.Task[Any] | None = None
-        # Whether the client cancelled while the job was queued: read with the `started` chunk.
-        self._queued_cancel: asyncio.Future[object] | None = None
-        # The lease and `started`, queued at the chat's first wait (see _admit).
-        self._announcement: asyncio.Handle | None = None
+        # The lease and `started`, whose reply says whether the client cancelled while queued.
+        self.start = ChatStart(self._queue_start, self.cancel)
         # Set by cancel(). Task cancellation alone is not enough: a CancelledError raised
         # inside a Redis client call can come out as a timeout error, or be absorbed by an
         # awaited helper task, and the chat would then run on. The flag is checked at every
@@ -215,10 +210,7 @@ class ChatRun:
             else:
                 await self._failed(exc)
         finally:
-            if self._announcement is not None:
-                # Ended before its first wait: nothing was held, nor is now.
-                self._announcement.cancel()
-                self._announcement = None
+            self.start.drop()
             self.ctx.running.pop(self.job.job_id, None)
             self.ctx.leases.release(self.job.job_id)
             for helper in self._helpers:
@@ -242,52 +234,21 @@ class ChatRun:
                 )
             )
             return False
-        # Queued at the chat's first wait, which on a plain chat is once the engine request is
-        # written: the lease serialises the whole job, and the request need not wait for it.
-        self._announcement = asyncio.get_running_loop().call_soon(self._announce)
+        self.start.at_first_wait()
         return True
 
-    def _announce(self) -> None:
-        """Queue the chat's lease, then its `started` (with the queued-cancel read), on the
-        pipe; once, before anything of the answer is sent (:meth:`_check_queued_cancel`)."""
-        if self._announcement is None:
-            return
-        self._announcement.cancel()
-        self._announcement = None
+    def _queue_start(self) -> asyncio.Future[object]:
         job = self.job
         # The lease first, on the same pipe: whenever the gateway hears of this worker, a
         # survivor can take the chat over (workers/chat/failover.py).
         self.ctx.leases.hold(job)
-        try:
-            self._queued_cancel = self.publisher.start(
-                self.points["worker_start"], self.ctx.keys.cancel_flag(job.job_id),
-                worker=self.ctx.name,
-            )  # fmt: skip
-        except ConnectionError as exc:  # Redis is gone: the chat's next step says so
-            self._queued_cancel = asyncio.get_running_loop().create_future()
-            self._queued_cancel.set_exception(exc)
-            return
-        self._queued_cancel.add_done_callback(self._on_start_reply)
-
-    def _on_start_reply(self, reply: asyncio.Future[object]) -> None:
-        """Cancelled while queued: stop at once, wherever the chat is (the engine request
-        may already be out; it is aborted)."""
-        if not reply.cancelled() and reply.exception() is None and reply.result():
-            self.cancel()
+        return self.publisher.start(
+            self.points["worker_start"], self.ctx.keys.cancel_flag(job.job_id), worker=self.ctx.name
+        )
 
     async def _check_queued_cancel(self) -> None:
-        """Before anything is sent: stop a chat the client cancelled while it was queued (rare;
-        the answer came with the `started` chunk, long before the first token)."""
-        self._announce()
-        assert self._queued_cancel is not None
-        try:
-            async with asyncio.timeout(QUEUED_CANCEL_WAIT_S):
-                cancelled = await asyncio.shield(self._queued_cancel)
-        except TimeoutError:
-            raise ConnectionError(
-                f"Redis did not answer the job's start within {QUEUED_CANCEL_WAIT_S:.0f}s"
-            ) from None
-        if cancelled:
+        """Before anything is sent: stop a chat the client cancelled while it was queued."""
+        if await self.start.cancelled_while_queued():
             self.cancel_requested = True
             raise asyncio.CancelledError
 
