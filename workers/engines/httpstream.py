@@ -16,10 +16,10 @@ closed is replaced once, before any byte of an answer), TLS for ``https://`` URL
 deadline, back-pressure (reading pauses while a consumer is behind), and closing the
 connection when a response is abandoned half-read, which is how vLLM learns to abort.
 
-A warm connection (``warm_s``): chats seconds apart, a quiet hour's traffic, find every idle
-connection past its keep-alive, and a new one put a TCP (or TLS) handshake and the server's
-accept in front of each first token. So, until ``warm_s`` after the last request, when no
-connection is open the pool opens one ahead of need, and replaces it before the server's
+A warm connection (``warm_s``): chats seconds apart (a quiet hour's traffic) find every idle
+connection past its keep-alive, and a new connection puts a TCP (or TLS) handshake and the
+server's accept in front of each first token. So, until ``warm_s`` after the last request, when
+no connection is open the pool opens one ahead of need, and replaces it before the server's
 keep-alive would close it: one connect per ``keepalive_s`` per pool, off every chat's path.
 """
 
