@@ -268,6 +268,22 @@ def make_stack(
         stack.close()
 
 
+@contextmanager
+def losing_stack(services: Services, api_key: str, logs: Path, **settings: str) -> Iterator[Stack]:
+    """One chat worker streaming slowly (a token every 100 ms, up to 64), no bulk worker: a
+    stack whose worker a test kills mid-answer (the doors' worker-loss tests, the faults')."""
+    with make_stack(
+        services,
+        api_key,
+        logs,
+        bulk=False,
+        sim_args=("--ttft-ms", "20", "--itl-ms", "100", "--max-tokens", "64"),
+        **settings,
+    ) as stack:
+        stack.wait_ready()
+        yield stack
+
+
 @pytest.fixture(scope="session")
 def stack(
     services: Services, migrated: str, tmp_path_factory: pytest.TempPathFactory

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from shared.keys import CHAT_QUEUE, Keys
-from tests.integration.conftest import Services, Stack, make_stack
+from tests.integration.conftest import Services, Stack, losing_stack, make_stack
 
 pytestmark = pytest.mark.integration
 
@@ -99,14 +99,7 @@ async def test_worker_killed_mid_stream_gives_engine_error_and_the_gateway_stays
 ) -> None:
     """SIGKILL the chat worker mid-answer: `engine_error` within the idle deadline; a new
     worker then serves new chats through the same gateway."""
-    with make_stack(
-        services,
-        migrated,
-        tmp_path,
-        bulk=False,
-        sim_args=("--ttft-ms", "20", "--itl-ms", "100", "--max-tokens", "64"),
-    ) as stack:
-        stack.wait_ready()
+    with losing_stack(services, migrated, tmp_path) as stack:
         client = await connect(stack)
         await client.chat("k", max_tokens=64)
         assert (await client.next_for("k"))["type"] == "accepted"

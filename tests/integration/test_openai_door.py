@@ -10,7 +10,6 @@ import gc
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from firsttoken.keyscli import create_key
 from firsttoken.openaiclient import base_url, default_model
 from shared.keys import CHAT_QUEUE, Keys
 from shared.settings import load_settings
-from tests.integration.conftest import Services, Stack, make_stack
+from tests.integration.conftest import Services, Stack, losing_stack
 
 pytestmark = pytest.mark.integration
 
@@ -58,22 +57,6 @@ def async_client(stack: Stack, key: str | None = None) -> openai.AsyncOpenAI:
 
 def model_of(stack: Stack) -> str:
     return default_model(sync_client(stack))
-
-
-@contextmanager
-def losing_stack(services: Services, migrated: str, tmp_path: Path) -> Iterator[Stack]:
-    """One chat worker streaming slowly (a token every 100 ms, up to 64) to kill mid-answer,
-    and a 1.5 s queue deadline for the 504: the worker-loss tests of both OpenAI doors."""
-    with make_stack(
-        services,
-        migrated,
-        tmp_path,
-        bulk=False,
-        sim_args=("--ttft-ms", "20", "--itl-ms", "100", "--max-tokens", "64"),
-        queue_deadline_s="1.5",
-    ) as stack:
-        stack.wait_ready()
-        yield stack
 
 
 async def refused_503_then_504(
@@ -307,7 +290,8 @@ async def test_worker_loss_503_504_and_a_mid_stream_error_event(
 ) -> None:
     """A worker killed mid-answer: an error event the SDK raises; no worker: 503 with
     Retry-After; a worker that looks alive but takes nothing: 504 after the queue deadline."""
-    with losing_stack(services, migrated, tmp_path) as stack:
+    # A 1.5 s queue deadline for the 504.
+    with losing_stack(services, migrated, tmp_path, queue_deadline_s="1.5") as stack:
         client = async_client(stack)
         model = model_of(stack)
         stream = await client.chat.completions.create(

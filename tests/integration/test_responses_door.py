@@ -18,14 +18,13 @@ import pytest
 
 from firsttoken.keyscli import create_key
 from shared.settings import load_settings
-from tests.integration.conftest import Services, Stack, make_stack
+from tests.integration.conftest import Services, Stack, losing_stack, make_stack
 
 # The Chat Completions door's SDK clients (no retries; the sync ones closed after each test:
 # the fixture is imported to apply here too).
 from tests.integration.test_openai_door import (  # noqa: F401
     _close_sync_clients,
     async_client,
-    losing_stack,
     model_of,
     refused_503_then_504,
     sync_client,
@@ -369,7 +368,7 @@ async def test_worker_loss_is_a_failed_response(
     """A worker killed mid-answer: the `error` and `response.failed` events; then no worker:
     503 with Retry-After; a worker that looks alive but takes nothing: 504 after the queue
     deadline (the SDK's status codes, as on the Chat Completions door)."""
-    with losing_stack(services, migrated, tmp_path) as stack:
+    with losing_stack(services, migrated, tmp_path, queue_deadline_s="1.5") as stack:
         client = async_client(stack)
         stream = await client.responses.create(
             model=model_of(stack), input="long answer", stream=True, max_output_tokens=64
