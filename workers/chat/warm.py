@@ -17,13 +17,8 @@ async def warm_chat_worker(ctx: WorkerContext) -> None:
     model and the cache index."""
     models = ctx.models
     retrieval.warm_up(ctx.settings, models)
-    for spec in models:  # engine clients (and the SDK's imports) now, not on a first chat
-        engine = ctx.engine_for(spec)
-        if spec.engine == "openai":  # and its connection: the first chat connects nothing
-            from workers.engines.openai_engine import OpenAIEngine
-
-            assert isinstance(engine, OpenAIEngine)
-            engine.warm()
+    for spec in models:  # engine clients (and their connections) now, not on a first chat
+        ctx.engine_for(spec).warm()
     try:
         async with asyncio.timeout(5):
             await ctx.db.warm()

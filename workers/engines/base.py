@@ -62,6 +62,10 @@ class Engine(Protocol):
 
     async def abort(self, request_id: str) -> None: ...
 
+    def warm(self) -> None:
+        """Open now what the first request would otherwise open on its path (a server
+        engine's connection); nothing for an engine that has nothing to open."""
+
     async def aclose(self) -> None: ...
 
 

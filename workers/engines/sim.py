@@ -331,6 +331,9 @@ class SimEngine:
         if state.waiter is not None and not state.waiter.done():
             state.waiter.set_result(None)
 
+    def warm(self) -> None:
+        """In process: nothing to open."""
+
     async def aclose(self) -> None:
         for request_id in list(self._streams):
             await self.abort(request_id)

@@ -124,6 +124,9 @@ class VLLMEngine:
         if not waker.done():
             waker.set_result(None)
 
+    def warm(self) -> None:
+        """In process: nothing to open."""
+
     async def aclose(self) -> None:
         for request_id in list(self._wakers):
             await self.abort(request_id)
