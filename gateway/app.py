@@ -9,6 +9,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
@@ -17,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from gateway.auth import key_from_request
@@ -73,9 +75,7 @@ async def websocket_endpoint(ws: WebSocket) -> None:
 
 async def _serve(gw: Gateway, ws: WebSocket) -> None:
     try:
-        principal = await gw.auth.authenticate(
-            key_from_request(dict(ws.headers), dict(ws.query_params))
-        )
+        principal = await gw.auth.authenticate(key_from_request(ws))
     except Overloaded as exc:
         await _refuse(gw, ws, exc, 1013)  # "try again later": a service behind us is down
         return
@@ -153,9 +153,7 @@ async def _refused(request: Request) -> Response | None:
     Retry-After when the key cannot be checked, the database down), or None."""
     gw: Gateway = request.app.state.gateway
     try:
-        await gw.auth.authenticate(
-            key_from_request(dict(request.headers), dict(request.query_params))
-        )
+        await gw.auth.authenticate(key_from_request(request))
     except FirstTokenError as exc:
         gw.metrics.errors.labels(exc.code.value).inc()
         return error_response(exception_reply(exc))
@@ -204,7 +202,59 @@ async def chat_page(request: Request) -> Response:
     return FileResponse(PAGE_DIR / "index.html", headers={"content-security-policy": csp})
 
 
-def create_app(settings: Settings | None = None) -> Starlette:
+class Doors:
+    """The ASGI app the gateway serves: the two chat doors' routes (`ws /v1/ws`, `POST
+    /v1/chat/completions`) go straight to their handlers; every other request, and the
+    lifespan, through the Starlette app (its router, error pages, static files).
+
+    Why: Starlette's middleware and router are some ten calls per request, and its error
+    middleware wraps `send`, so every token of the HTTP door passed two more layers. On the
+    first token's path at one stream each layer counts several times its cost on a busy
+    process: code that has not run for the 20 ms between tokens runs from cold caches
+    (docs/benchmarks.md). The two handlers need neither layer: they answer their own errors.
+    """
+
+    def __init__(self, app: Starlette) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path")
+        if scope.get("root_path"):  # mounted under a prefix: Starlette's routing knows it
+            path = None
+        if path == "/v1/ws" and scope["type"] == "websocket":
+            scope["app"] = self.app  # what Starlette sets: the handlers read the gateway there
+            await websocket_endpoint(WebSocket(scope, receive, send))
+        elif (
+            path == "/v1/chat/completions"
+            and scope["type"] == "http"
+            and (scope["method"] == "POST")
+        ):
+            scope["app"] = self.app
+            await _chat_completions(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    @property
+    def state(self) -> Any:
+        """The Starlette app's state (the running gateway is `state.gateway`)."""
+        return self.app.state
+
+
+async def _chat_completions(scope: Scope, receive: Receive, send: Send) -> None:
+    """`POST /v1/chat/completions` without Starlette's layers. The door answers every error of
+    the request as OpenAI does; anything else it raises (a bug) gets the 500 Starlette's error
+    middleware would send, in OpenAI's shape, and one log line with its traceback. An error
+    after the response began is uvicorn's to log (it closes the connection)."""
+    try:
+        response = await chat_completions(Request(scope, receive))
+    except Exception:
+        log.exception("POST /v1/chat/completions failed")
+        internal = InternalError("internal error; the request failed (see the server log)")
+        response = error_response(exception_reply(internal))
+    await response(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None) -> Doors:
     settings = settings or get_settings()
 
     @contextlib.asynccontextmanager
@@ -218,7 +268,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         finally:
             await gw.close()
 
-    return Starlette(
+    starlette = Starlette(
         routes=[
             WebSocketRoute("/v1/ws", websocket_endpoint),
             Route("/healthz", healthz),
@@ -235,3 +285,4 @@ def create_app(settings: Settings | None = None) -> Starlette:
         lifespan=lifespan,
         exception_handlers={HTTPException: http_error},
     )
+    return Doors(starlette)

@@ -25,6 +25,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from starlette.requests import HTTPConnection
 
 from gateway.rates import Limits, resolve_limits
 from shared.db.apikeys import hash_key, lookup_key
@@ -55,13 +56,14 @@ class Principal:
     limits: Limits = field(default_factory=Limits)
 
 
-def key_from_request(headers: dict[str, str], query: dict[str, str]) -> str | None:
-    """The API key from `Authorization: Bearer KEY`, else the `api_key` query parameter."""
-    auth = headers.get("authorization", "")
+def key_from_request(conn: HTTPConnection) -> str | None:
+    """The API key from `Authorization: Bearer KEY`, else the `api_key` query parameter (the
+    query string is parsed only then: most clients send the header)."""
+    auth = conn.headers.get("authorization", "")
     scheme, _, value = auth.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
-    return query.get("api_key") or None
+    return conn.query_params.get("api_key") or None
 
 
 class Authenticator:

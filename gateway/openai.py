@@ -79,9 +79,7 @@ async def chat_completions(request: Request) -> Response:
     try:
         # The body first, whatever comes next: a client still sending cannot read a reply.
         body, size = await read_body(request, settings.max_frame_bytes)
-        principal = await gw.auth.authenticate(
-            key_from_request(dict(request.headers), dict(request.query_params))
-        )
+        principal = await gw.auth.authenticate(key_from_request(request))
         if size > settings.max_frame_bytes:
             raise InvalidParameter(
                 f"the request body is {size} bytes; the limit is {settings.max_frame_bytes}"
@@ -184,7 +182,11 @@ class CompletionResponse(Response):
         frame = orjson.loads(text)
         if frame.get("type") != "token":
             return False  # the end of the answer: the response task writes it, in order
-        body = self._token(frame["text"])
+        return self._write_token(frame["text"])
+
+    def _write_token(self, token: str) -> bool:
+        """Write one token's event now (see _write_now)."""
+        body = self._token(token)
         try:
             # Starlette's and uvicorn's `send` are coroutine functions.
             message = {"type": "http.response.body", "body": body, "more_body": True}
@@ -253,7 +255,7 @@ class CompletionResponse(Response):
         if rest is not None:
             self.chat.frames.put_nowait(rest)
             return False
-        return self._write_now(text)
+        return self._write_token(frame["text"])  # parsed once: the first token's path
 
     async def _stream(self, send: Send) -> None:
         frames = self.chat.frames

@@ -117,9 +117,7 @@ def _reply_for(exc: FirstTokenError) -> ErrorReply:
 
 
 async def _principal(gw: Gateway, request: Request) -> Principal:
-    return await gw.auth.authenticate(
-        key_from_request(dict(request.headers), dict(request.query_params))
-    )
+    return await gw.auth.authenticate(key_from_request(request))
 
 
 async def create_response(request: Request) -> Response:
