@@ -4,6 +4,7 @@ every other request reaches Starlette, and a bug in the HTTP door still gets its
 from __future__ import annotations
 
 import logging
+from collections.abc import MutableMapping
 from typing import Any, cast
 
 import orjson
@@ -39,7 +40,7 @@ async def _receive() -> dict[str, Any]:
     return {"type": "http.request", "body": b"{}", "more_body": False}
 
 
-async def _ignore(message: dict[str, Any]) -> None:
+async def _ignore(message: MutableMapping[str, Any]) -> None:
     pass
 
 
@@ -67,9 +68,9 @@ async def test_a_bug_in_the_http_door_is_a_500_in_openais_shape_and_one_log_line
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(app_module, "chat_completions", broken)
-    inner, sent = _Inner(), []
+    inner, sent = _Inner(), list[MutableMapping[str, Any]]()
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     with caplog.at_level(logging.ERROR, logger="gateway.app"):
