@@ -49,3 +49,13 @@ def test_wave_places_every_chat_on_one_time_line() -> None:
     slowest = next(line for line in out.splitlines() if "slowest, mean ms" in line)
     for point in ("sent", "received", "picked_up", "engine_request", "first_token"):
         assert f"{point} " in slowest, slowest
+
+
+def test_cold_path_times_each_step_hot_and_after_each_pause() -> None:
+    proc = _run("bench/cold_path.py", "--calls", "3", "--pauses", "0,2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert "after sleeping: 0 ms, 2 ms" in lines[0], lines
+    rows = {line[:22].strip(): line[22:].split() for line in lines[1:]}
+    assert set(rows) == {"websocket frame", "HTTP door body", "task message + job"}, rows
+    assert all(len(cells) == 2 and all(float(c) > 0 for c in cells) for cells in rows.values())
