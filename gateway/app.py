@@ -9,7 +9,6 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
@@ -233,11 +232,6 @@ class Doors:
             await _chat_completions(scope, receive, send)
         else:
             await self.app(scope, receive, send)
-
-    @property
-    def state(self) -> Any:
-        """The Starlette app's state (the running gateway is `state.gateway`)."""
-        return self.app.state
 
 
 async def _chat_completions(scope: Scope, receive: Receive, send: Send) -> None:
