@@ -224,9 +224,7 @@ class Doors:
             scope["app"] = self.app  # what Starlette sets: the handlers read the gateway there
             await websocket_endpoint(WebSocket(scope, receive, send))
         elif (
-            path == "/v1/chat/completions"
-            and scope["type"] == "http"
-            and (scope["method"] == "POST")
+            path == "/v1/chat/completions" and scope["type"] == "http" and scope["method"] == "POST"
         ):
             scope["app"] = self.app
             await _chat_completions(scope, receive, send)
