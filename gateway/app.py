@@ -216,6 +216,9 @@ class Doors:
     def __init__(self, app: Starlette) -> None:
         self.app = app
 
+    # The doors get `scope["app"]` as under Starlette, but no `router`, `endpoint` or
+    # `path_params`: neither reads them (`request.url_for` would need the router).
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path")
         if scope.get("root_path"):  # mounted under a prefix: Starlette's routing knows it
@@ -233,10 +236,11 @@ class Doors:
 
 
 async def _chat_completions(scope: Scope, receive: Receive, send: Send) -> None:
-    """`POST /v1/chat/completions` without Starlette's layers. The door answers every error of
-    the request as OpenAI does; anything else it raises (a bug) gets the 500 Starlette's error
-    middleware would send, in OpenAI's shape, and one log line with its traceback. An error
-    after the response began is uvicorn's to log (it closes the connection)."""
+    """`POST /v1/chat/completions` without Starlette's layers. The handler answers every error
+    of the request as OpenAI does; anything else it raises (a bug) gets a 500 in OpenAI's shape
+    and one log line with its traceback. An error raised by the response object itself is
+    uvicorn's, as it was under Starlette: a plain 500 if nothing was sent yet, else the
+    connection closed, and its log line."""
     try:
         response = await chat_completions(Request(scope, receive))
     except Exception:

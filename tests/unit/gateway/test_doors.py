@@ -51,7 +51,9 @@ async def _ignore(message: MutableMapping[str, Any]) -> None:
         _http("POST", "/v1/responses"),
         _http("GET", "/healthz"),
         _http("POST", "/v1/chat/completions", root_path="/api"),  # mounted: Starlette routes
+        _http("POST", "/v1/chat/completions/"),  # Starlette's redirect without the slash
         {"type": "websocket", "path": "/v1/other", "root_path": ""},
+        {"type": "websocket", "path": "/v1/ws/", "root_path": ""},
         {"type": "lifespan"},
     ],
 )
@@ -80,3 +82,19 @@ async def test_a_bug_in_the_http_door_is_a_500_in_openais_shape_and_one_log_line
     error = orjson.loads(sent[1]["body"])["error"]
     assert error["type"] == "server_error" and "see the server log" in error["message"]
     assert [r.exc_info is not None for r in caplog.records] == [True]
+
+
+async def test_the_websocket_door_gets_its_socket_and_starlettes_app(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    served: list[Any] = []
+
+    async def endpoint(ws: Any) -> None:
+        served.append(ws)
+
+    monkeypatch.setattr(app_module, "websocket_endpoint", endpoint)
+    inner = _Inner()
+    scope = {"type": "websocket", "path": "/v1/ws", "root_path": "", "headers": []}
+    await Doors(cast(Starlette, inner))(scope, _receive, _ignore)
+    assert inner.paths == [] and len(served) == 1
+    assert served[0].app is inner  # where the handlers read the running gateway
