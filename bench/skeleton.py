@@ -36,9 +36,6 @@ import orjson
 REDIS = ("127.0.0.1", 6379)
 QUEUE = b"firsttoken-skeleton:queue"
 SSE_DONE = b"data: [DONE]\n\n"
-# --late-headers: the HTTP door's headers go out with the first token (as firsttoken's door
-# sends them, so that an error before it has its own status), not as soon as the job is queued.
-LATE_HEADERS = os.environ.get("SKELETON_LATE_HEADERS") == "1"
 JSON = [(b"content-type", b"application/json")]
 SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
@@ -87,7 +84,9 @@ async def _connect(on_reply: Any = None) -> _Redis:
 # --- the gateway ------------------------------------------------------------------------------
 
 
-def gateway_app() -> Any:
+def gateway_app(late_headers: bool) -> Any:
+    """`late_headers`: the HTTP door's headers go out with the first token (as firsttoken's door
+    sends them, so that an error before it has its own status), not once the job is queued."""
     # channel -> (the websocket's send, or None; the HTTP response's event queue, or None)
     followers: dict[bytes, tuple[Any, asyncio.Queue[bytes] | None]] = {}
     conns: dict[str, _Redis] = {}
@@ -165,10 +164,10 @@ def gateway_app() -> Any:
                 break
         events: asyncio.Queue[bytes] = asyncio.Queue()
         enqueue("c", orjson.loads(raw)["messages"], send, events)
-        if not LATE_HEADERS:
+        if not late_headers:
             await send({"type": "http.response.start", "status": 200, "headers": SSE})
         event = await events.get()
-        if LATE_HEADERS:
+        if late_headers:
             await send({"type": "http.response.start", "status": 200, "headers": SSE})
         while event != SSE_DONE:
             await send({"type": "http.response.body", "body": event, "more_body": True})
@@ -178,11 +177,11 @@ def gateway_app() -> Any:
     return app
 
 
-def run_gateway(port: int) -> None:
+def run_gateway(port: int, late_headers: bool) -> None:
     import uvicorn
 
     uvicorn.run(
-        gateway_app(),
+        gateway_app(late_headers),
         host="127.0.0.1",
         port=port,
         loop="uvloop",
@@ -293,13 +292,11 @@ def main() -> None:
 
     profile = PROFILES["on-the-bench"]
     if args.role == "gateway":
-        run_gateway(args.port)
+        run_gateway(args.port, args.late_headers)
         return
     if args.role == "worker":
         run_worker(args.engine_url, profile.max_tokens)
         return
-    if args.late_headers:
-        os.environ["SKELETON_LATE_HEADERS"] = "1"  # for the gateway process
     sim_port, gw_port = _free_port(), _free_port()
     engine_url = f"http://127.0.0.1:{sim_port}/v1"
     me = [sys.executable, os.path.abspath(__file__)]
@@ -314,7 +311,10 @@ def main() -> None:
                 *profile.sim_args(),
             ]
         ),
-        subprocess.Popen([*me, "--role", "gateway", "--port", str(gw_port)]),
+        subprocess.Popen(
+            [*me, "--role", "gateway", "--port", str(gw_port)]
+            + (["--late-headers"] if args.late_headers else [])
+        ),
         subprocess.Popen([*me, "--role", "worker", "--engine-url", engine_url]),
     ]
     try:

@@ -38,8 +38,7 @@ class ChatStart:
         """Queue them now, unless they are already (or the chat never scheduled them)."""
         if self._pending is None:
             return
-        self._pending.cancel()
-        self._pending = None
+        self.drop()
         try:
             reply = self._queue()
         except ConnectionError as exc:  # Redis is gone: the chat's next step says so
@@ -50,7 +49,7 @@ class ChatStart:
         self._reply = reply
 
     def drop(self) -> None:
-        """The chat ended before its first wait: nothing is queued, nor will be."""
+        """Nothing is to be queued later: queued now, or the chat ended before its first wait."""
         if self._pending is not None:
             self._pending.cancel()
             self._pending = None
